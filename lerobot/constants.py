@@ -1,0 +1,29 @@
+"""Batch keys shared by envs, datasets, policies and trainers.
+
+Observation tensors are `(B, ...)` when they come from an env, `(B, n_obs_steps, ...)` inside a policy;
+actions are `(B, action_dim)` towards the env and `(B, horizon, action_dim)` in training batches.
+"""
+
+OBS_PREFIX = "observation."
+OBS_IMAGE = "observation.image"
+OBS_STATE = "observation.state"
+OBS_ENV_STATE = "observation.environment_state"
+ACTION = "action"
+PAD_SUFFIX = "_is_pad"
+ACTION_IS_PAD = ACTION + PAD_SUFFIX
+NEXT_REWARD = "next.reward"
+NEXT_SUCCESS = "next.success"
+NEXT_DONE = "next.done"
+EPISODE_INDEX = "episode_index"
+FRAME_INDEX = "frame_index"
+INDEX = "index"
+TIMESTAMP = "timestamp"
+
+# Feature kinds an env or dataset declares; policies pick their inputs by kind, never by task.
+VISUAL = "visual"
+STATE = "state"
+ENV_STATE = "env_state"
+ACTION_KIND = "action"
+
+# Environment variable that points at the directory holding `pusht_cchi_v7_replay.zarr` (or the zip).
+DATA_ROOT_ENV = "LEROBOT_DATA_ROOT"
