@@ -29,6 +29,10 @@ class FeatureConfig:
 
     shape: list[int] = field(default_factory=list)
     kind: str = STATE
+    # Optional bounds, one per element or one for all (e.g. the action space); policies without dataset
+    # statistics (online RL) normalize with them.
+    low: list[float] | None = None
+    high: list[float] | None = None
 
 
 @dataclass

@@ -11,7 +11,9 @@ from lerobot.constants import OBS_ENV_STATE, OBS_IMAGE, OBS_STATE
 _KEY_MAP = {"pixels": OBS_IMAGE, "agent_pos": OBS_STATE, "environment_state": OBS_ENV_STATE}
 
 
-def observation_to_batch(obs: dict | np.ndarray, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+def observation_to_batch(
+    obs: dict | np.ndarray, device: torch.device | str = "cpu"
+) -> dict[str, torch.Tensor]:
     """Convert a vector env observation into `{batch key: tensor}`.
 
     - `pixels` (B, H, W, 3) uint8 -> `observation.image` (B, 3, H, W) float32 in [0, 1]

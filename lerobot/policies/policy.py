@@ -82,11 +82,15 @@ class Policy(nn.Module, abc.ABC):
         """Return one action per env (B, action_dim) for the current observations (B, ...)."""
         obs = {k: v for k, v in batch.items() if k.startswith(OBS_PREFIX)}
         if not obs:
-            raise KeyError(f"select_action needs observation keys (starting with {OBS_PREFIX!r}), got {list(batch)}")
+            raise KeyError(
+                f"select_action needs observation keys (starting with {OBS_PREFIX!r}), got {list(batch)}"
+            )
         batch_size = next(iter(obs.values())).shape[0]
         device = next(iter(obs.values())).device
         if self._history is None or self._fresh.shape[0] != batch_size or set(self._history) != set(obs):
-            self._history = {k: v.unsqueeze(1).repeat_interleave(self.n_obs_steps, dim=1) for k, v in obs.items()}
+            self._history = {
+                k: v.unsqueeze(1).repeat_interleave(self.n_obs_steps, dim=1) for k, v in obs.items()
+            }
             self._fresh = torch.zeros(batch_size, dtype=torch.bool, device=device)
             self._queue_pos = torch.full((batch_size,), self.n_action_steps, dtype=torch.long, device=device)
             self._queue = None
