@@ -1,0 +1,242 @@
+"""Diffusion Policy (Chi et al. 2023): actions as the denoising of a noise sequence, conditioned on observations.
+
+Training (`forward`): add noise at a random diffusion step to the normalized action sequence of the
+dataset sample and regress the noise (epsilon prediction) with the 1-D U-Net, conditioned on the features of
+the last `n_obs_steps` observations.
+
+Inference (`predict_action_chunk`): start from Gaussian noise `(B, horizon, A)` and denoise it step by step
+(DDPM, or DDIM with fewer steps) under the same conditioning; unnormalize.
+
+Alignment of the action horizon with the observation history (n_obs_steps = 2, horizon = 16, at step t):
+
+    observations:      o[t-1]  o[t]
+    horizon indices:   0       1      2     ...   15
+    env steps:         t-1     t      t+1   ...   t+14
+
+The horizon starts at the first observation step (the dataset's `delta_timestamps` gives the actions at
+offsets -(n_obs_steps-1)/fps .. (horizon-n_obs_steps)/fps), so `predict_action_chunk` drops the first
+`n_obs_steps - 1` actions (already in the past) and returns `horizon - n_obs_steps + 1` actions whose index
+0 is "now"; the `Policy` base class executes the first `n_action_steps` of them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+
+import einops
+import torch
+from diffusers import DDIMScheduler, DDPMScheduler
+from torch import Tensor, nn
+
+from lerobot.constants import ACTION_IS_PAD
+from lerobot.policies.diffusion.configuration import DiffusionConfig
+from lerobot.policies.diffusion.unet import ConditionalUnet1D
+from lerobot.policies.diffusion.vision import RgbEncoder
+from lerobot.policies.normalize import Normalize, Unnormalize
+from lerobot.policies.policy import Policy
+
+_SCHEDULERS = {"DDPM": DDPMScheduler, "DDIM": DDIMScheduler}
+
+
+def make_noise_scheduler(config: DiffusionConfig, name: str) -> DDPMScheduler | DDIMScheduler:
+    """A diffusers scheduler (`"DDPM"` or `"DDIM"`) with the config's noise schedule."""
+    return _SCHEDULERS[name](
+        num_train_timesteps=config.num_train_timesteps,
+        beta_start=config.beta_start,
+        beta_end=config.beta_end,
+        beta_schedule=config.beta_schedule,
+        clip_sample=config.clip_sample,
+        clip_sample_range=config.clip_sample_range,
+        prediction_type=config.prediction_type,
+    )
+
+
+def edge_pad_actions(actions: Tensor, is_pad: Tensor) -> Tensor:
+    """Replace padded actions `(B, T, A)` (where `is_pad` (B, T) is True) by the nearest real action.
+
+    Later pads take the last real action before them, leading pads the first real one: what the paper's
+    sampler stores there. Doing it here makes the loss independent of whatever a dataset wrote into padded
+    slots, which otherwise would leak into real positions through the U-Net's convolutions.
+    """
+    horizon = actions.shape[1]
+    positions = torch.arange(horizon, device=actions.device).expand_as(is_pad)
+    last_real = torch.where(is_pad, -1, positions).cummax(dim=1).values  # (B, T), -1 before the first real
+    first_real = (~is_pad).to(torch.uint8).argmax(dim=1, keepdim=True)  # (B, 1)
+    source = torch.where(last_real < 0, first_real, last_real)
+    return torch.gather(actions, 1, einops.repeat(source, "b t -> b t a", a=actions.shape[-1]))
+
+
+class DiffusionPolicy(Policy):
+    """Diffusion Policy with a conditional 1-D U-Net, for image or low-dimensional (keypoint) observations.
+
+    Args:
+        config: a `DiffusionConfig` whose `input_features` / `output_features` are filled; `validate()` is
+            called here (idempotent) to resolve `down_dims` / `batch_size`.
+        dataset_stats: `{key: {"mean","std","min","max": Tensor}}` for the normalized features; None when the
+            statistics come from a checkpoint loaded next (`load_state_dict`).
+
+    Attributes:
+        generator: optional `torch.Generator` for the inference noise, used when `predict_action_chunk` gets
+            none (so `select_action` through the base class is reproducible too).
+    """
+
+    def __init__(
+        self, config: DiffusionConfig, dataset_stats: Mapping[str, Mapping[str, Tensor]] | None = None
+    ):
+        config.validate()
+        super().__init__(n_obs_steps=config.n_obs_steps, n_action_steps=config.n_action_steps)
+        self.config = config
+        self.generator: torch.Generator | None = None
+
+        self.normalize_inputs = Normalize(config.input_features, config.normalization_mapping, dataset_stats)
+        self.normalize_targets = Normalize(
+            config.output_features, config.normalization_mapping, dataset_stats
+        )
+        self.unnormalize_outputs = Unnormalize(
+            config.output_features, config.normalization_mapping, dataset_stats
+        )
+
+        self.image_keys = sorted(config.image_features)
+        self.state_key, state_dim = config.state_feature
+        env_state = config.env_state_feature
+        self.env_state_key = env_state[0] if env_state else None
+        per_step_dim = state_dim + (env_state[1] if env_state else 0)
+        if self.image_keys:
+            self.rgb_encoder = RgbEncoder(config)
+            per_step_dim += len(self.image_keys) * self.rgb_encoder.feature_dim
+        self.action_key = config.action_key
+
+        self.unet = ConditionalUnet1D(
+            action_dim=config.action_dim,
+            global_cond_dim=per_step_dim * config.n_obs_steps,
+            down_dims=config.down_dims,
+            kernel_size=config.kernel_size,
+            n_groups=config.n_groups,
+            step_embed_dim=config.diffusion_step_embed_dim,
+            use_film_scale=config.use_film_scale_modulation,
+        )
+        self.noise_scheduler = make_noise_scheduler(config, config.noise_scheduler_type)
+        self.inference_noise_scheduler = make_noise_scheduler(config, config.inference_scheduler)
+        self.num_inference_steps = config.num_inference_steps or config.num_train_timesteps
+
+    # ------------------------------------------------------------------ conditioning
+    def _check_obs(self, batch: Mapping[str, Tensor]) -> None:
+        keys = [*self.image_keys, self.state_key] + ([self.env_state_key] if self.env_state_key else [])
+        for key in keys:
+            if key not in batch:
+                raise KeyError(f"diffusion policy needs {key!r} in the batch, got {sorted(batch)}")
+            if batch[key].ndim < 2 or batch[key].shape[1] != self.n_obs_steps:
+                raise ValueError(
+                    f"{key!r} must be (B, n_obs_steps={self.n_obs_steps}, ...), got {tuple(batch[key].shape)}"
+                )
+
+    def global_conditioning(self, batch: Mapping[str, Tensor]) -> Tensor:
+        """Normalized observations `(B, n_obs_steps, ...)` -> flattened features `(B, n_obs_steps * F)`.
+
+        Per step: `[state, env_state?, camera features...]`; images of all steps and cameras go through the
+        encoder as one batch.
+        """
+        parts = [batch[self.state_key]]  # (B, S, D_state)
+        if self.env_state_key is not None:
+            parts.append(batch[self.env_state_key])
+        if self.image_keys:
+            images = torch.stack([batch[k] for k in self.image_keys], dim=2)  # (B, S, N_cam, C, H, W)
+            batch_size, steps = images.shape[:2]
+            flat = einops.rearrange(images, "b s n c h w -> (b s n) c h w")
+            features = self.rgb_encoder(flat)  # (B*S*N_cam, F)
+            parts.append(einops.rearrange(features, "(b s n) f -> b s (n f)", b=batch_size, s=steps))
+        per_step = torch.cat([p.float() for p in parts], dim=-1)  # (B, S, F)
+        return einops.rearrange(per_step, "b s f -> b (s f)")
+
+    # ------------------------------------------------------------------ training
+    def forward(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        """Denoising loss of one dataset batch.
+
+        Args:
+            batch: observations `(B, n_obs_steps, ...)`, `action` `(B, horizon, A)` and optionally
+                `action_is_pad` `(B, horizon)` (True past the episode's end).
+
+        Returns:
+            `{"loss": scalar}`: MSE between the U-Net's prediction and its target (the noise for epsilon
+            prediction, the clean actions for sample prediction), averaged over real (unpadded) actions when
+            `do_mask_loss_for_padding`.
+        """
+        self._check_obs(batch)
+        actions = batch[self.action_key]
+        if actions.ndim != 3 or actions.shape[1] != self.config.horizon:
+            raise ValueError(
+                f"{self.action_key!r} must be (B, horizon={self.config.horizon}, A), got {tuple(actions.shape)}"
+            )
+        is_pad = batch.get(ACTION_IS_PAD)
+        batch = self.normalize_targets(self.normalize_inputs(batch))
+        actions = batch[self.action_key]
+        if is_pad is not None:
+            actions = edge_pad_actions(actions, is_pad)
+
+        global_cond = self.global_conditioning(batch)
+        noise = torch.randn_like(actions)
+        steps = torch.randint(
+            0, self.config.num_train_timesteps, (actions.shape[0],), device=actions.device, dtype=torch.long
+        )
+        noisy = self.noise_scheduler.add_noise(actions, noise, steps)
+        prediction = self.unet(noisy, steps, global_cond)
+        target = noise if self.config.prediction_type == "epsilon" else actions
+        error = nn.functional.mse_loss(prediction.float(), target, reduction="none")  # (B, T, A)
+
+        if self.config.do_mask_loss_for_padding and is_pad is not None:
+            real = einops.rearrange(~is_pad, "b t -> b t 1").to(error.dtype)
+            loss = (error * real).sum() / (real.sum() * error.shape[-1]).clamp_min(1.0)
+        else:
+            loss = error.mean()
+        return {"loss": loss}
+
+    # ------------------------------------------------------------------ inference
+    def _autocast(self, device: torch.device) -> contextlib.AbstractContextManager:
+        if not self.config.inference_autocast:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+
+    @torch.no_grad()
+    def sample_actions(self, global_cond: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        """Denoise Gaussian noise into normalized actions `(B, horizon, A)` given `global_cond` `(B, G)`."""
+        scheduler = self.inference_noise_scheduler
+        device = global_cond.device
+        # Draw on the generator's device (a CPU generator can seed a CUDA run), then move.
+        sample = torch.randn(
+            (global_cond.shape[0], self.config.horizon, self.config.action_dim),
+            generator=generator,
+            device=generator.device if generator is not None else device,
+            dtype=torch.float32,
+        ).to(device)
+        scheduler.set_timesteps(self.num_inference_steps)
+        with self._autocast(device):
+            for step in scheduler.timesteps:
+                steps = torch.full((sample.shape[0],), int(step), device=device, dtype=torch.long)
+                prediction = self.unet(sample, steps, global_cond)
+                # The sampler's arithmetic (and the sample it accumulates) stays in fp32.
+                with torch.autocast(device_type=device.type, enabled=False):
+                    sample = scheduler.step(prediction.float(), step, sample, generator=generator).prev_sample
+        return sample
+
+    @torch.no_grad()
+    def predict_action_chunk(
+        self, batch: dict[str, Tensor], generator: torch.Generator | None = None
+    ) -> Tensor:
+        """Actions from the current step on, `(B, horizon - n_obs_steps + 1, A)`, in the data's units.
+
+        Args:
+            batch: observations `(B, n_obs_steps, ...)` (oldest first, the last one is "now").
+            generator: seeds the initial noise and the DDPM noise; defaults to `self.generator`.
+
+        The denoised horizon starts at the first observation step; index `n_obs_steps - 1` is the current
+        step and is returned as index 0 (see the module docstring).
+        """
+        self._check_obs(batch)
+        generator = generator if generator is not None else self.generator
+        batch = self.normalize_inputs(batch)
+        with self._autocast(batch[self.state_key].device):
+            global_cond = self.global_conditioning(batch)
+        actions = self.sample_actions(global_cond.float(), generator=generator)
+        actions = self.unnormalize_outputs({self.action_key: actions})[self.action_key]
+        return actions[:, self.n_obs_steps - 1 :]

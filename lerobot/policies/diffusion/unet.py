@@ -1,0 +1,177 @@
+"""1-D temporal U-Net of Diffusion Policy (Chi et al. 2023, the CNN variant).
+
+The U-Net denoises an action sequence `(B, T, A)`; convolutions run along time with the action dimensions
+as channels. Every residual block is conditioned by FiLM on `cond = [diffusion-step embedding, global
+observation features]`: a linear map of `cond` gives a per-channel scale and bias applied between the
+block's two convolutions.
+
+Layout (down_dims = [d1, d2, d3]; time length T, T/2, T/4):
+
+    in (A, T) -> [Res(A, d1), Res(d1, d1), Down] -> [Res(d1, d2), Res(d2, d2), Down] -> [Res(d2, d3), Res(d3, d3)]
+              -> mid [Res(d3, d3), Res(d3, d3)]
+              -> cat skip(d3, T/4) -> [Res(2*d3, d2), Res(d2, d2), Up]
+              -> cat skip(d2, T/2) -> [Res(2*d2, d1), Res(d1, d1), Up] -> Conv(d1, d1) -> 1x1 -> out (A, T)
+
+Skip connections concatenate a down level's output (before its downsampling) with the up path at the same
+time resolution. All heavy
+operations are convolutions and linear layers (matmuls); GroupNorm and Mish are elementwise.
+"""
+
+from __future__ import annotations
+
+import math
+
+import einops
+import torch
+from torch import Tensor, nn
+
+
+class SinusoidalStepEmbedding(nn.Module):
+    """Diffusion step `(B,)` -> `(B, dim)`: sines and cosines at geometrically spaced frequencies."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        half = dim // 2
+        # Frequencies from 1 down to 1/10000, as the Transformer's position encoding.
+        freqs = torch.exp(-math.log(10_000) * torch.arange(half) / max(half - 1, 1))
+        self.register_buffer("freqs", freqs, persistent=False)
+
+    def forward(self, steps: Tensor) -> Tensor:
+        """`steps` (B,) integer or float -> embedding (B, dim)."""
+        angles = steps.float()[:, None] * self.freqs[None, :]
+        return torch.cat([angles.sin(), angles.cos()], dim=-1)
+
+
+class ConvNormMish(nn.Sequential):
+    """`(B, C_in, T)` -> `(B, C_out, T)`: same-length Conv1d, GroupNorm, Mish."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, n_groups: int):
+        super().__init__(
+            nn.Conv1d(in_channels, out_channels, kernel_size, padding=kernel_size // 2),
+            nn.GroupNorm(n_groups, out_channels),
+            nn.Mish(),
+        )
+
+
+class FiLMResidualBlock(nn.Module):
+    """Residual block `(B, C_in, T)` -> `(B, C_out, T)` with FiLM conditioning on `cond` `(B, cond_dim)`.
+
+    out = conv2(scale(cond) * conv1(x) + bias(cond)) + skip(x); with `use_scale=False` only the bias is used.
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        cond_dim: int,
+        kernel_size: int,
+        n_groups: int,
+        use_scale: bool = True,
+    ):
+        super().__init__()
+        self.out_channels = out_channels
+        self.use_scale = use_scale
+        self.conv1 = ConvNormMish(in_channels, out_channels, kernel_size, n_groups)
+        self.conv2 = ConvNormMish(out_channels, out_channels, kernel_size, n_groups)
+        self.film = nn.Sequential(nn.Mish(), nn.Linear(cond_dim, out_channels * (2 if use_scale else 1)))
+        # A 1x1 convolution matches the channel count of the skip path when it changes.
+        self.skip = nn.Conv1d(in_channels, out_channels, 1) if in_channels != out_channels else nn.Identity()
+
+    def forward(self, x: Tensor, cond: Tensor) -> Tensor:
+        """`x` (B, C_in, T), `cond` (B, cond_dim) -> (B, C_out, T)."""
+        h = self.conv1(x)
+        film = einops.rearrange(self.film(cond), "b c -> b c 1")
+        if self.use_scale:
+            scale, bias = film.chunk(2, dim=1)
+            h = scale * h + bias
+        else:
+            h = h + film
+        return self.conv2(h) + self.skip(x)
+
+
+class ConditionalUnet1D(nn.Module):
+    """Noise (or sample) prediction network `(B, T, A), step (B,), global_cond (B, G)` -> `(B, T, A)`.
+
+    Args:
+        action_dim: A, channels of the input and output sequence.
+        global_cond_dim: G, size of the flattened observation features.
+        down_dims: channel widths of the levels; the time axis is halved between levels, so T must be
+            divisible by `2 ** (len(down_dims) - 1)`.
+        kernel_size, n_groups: convolution kernel (odd) and GroupNorm groups.
+        step_embed_dim: size of the diffusion-step embedding.
+        use_film_scale: FiLM with scale and bias (True) or bias only.
+    """
+
+    def __init__(
+        self,
+        action_dim: int,
+        global_cond_dim: int,
+        down_dims: list[int],
+        kernel_size: int = 5,
+        n_groups: int = 8,
+        step_embed_dim: int = 128,
+        use_film_scale: bool = True,
+    ):
+        super().__init__()
+        self.step_encoder = nn.Sequential(
+            SinusoidalStepEmbedding(step_embed_dim),
+            nn.Linear(step_embed_dim, step_embed_dim * 4),
+            nn.Mish(),
+            nn.Linear(step_embed_dim * 4, step_embed_dim),
+        )
+        cond_dim = step_embed_dim + global_cond_dim
+
+        def block(c_in: int, c_out: int) -> FiLMResidualBlock:
+            return FiLMResidualBlock(c_in, c_out, cond_dim, kernel_size, n_groups, use_film_scale)
+
+        widths = [action_dim, *down_dims]
+        levels = list(zip(widths[:-1], widths[1:], strict=True))  # (c_in, c_out) per level
+        self.down = nn.ModuleList()
+        for i, (c_in, c_out) in enumerate(levels):
+            is_last = i == len(levels) - 1
+            self.down.append(
+                nn.ModuleList(
+                    [
+                        block(c_in, c_out),
+                        block(c_out, c_out),
+                        # Halve the time axis (strided conv) between levels.
+                        nn.Identity() if is_last else nn.Conv1d(c_out, c_out, 3, stride=2, padding=1),
+                    ]
+                )
+            )
+        self.mid = nn.ModuleList([block(down_dims[-1], down_dims[-1]), block(down_dims[-1], down_dims[-1])])
+        self.up = nn.ModuleList()
+        # Going up, each level takes its input concatenated with the matching down level's output.
+        # Every up level doubles the time axis back, so the output has the input's length; the top level's
+        # output (full length, d1 channels) is not concatenated again, as in the paper's network.
+        for c_in, c_out in reversed(levels[1:]):
+            self.up.append(
+                nn.ModuleList(
+                    [
+                        block(2 * c_out, c_in),
+                        block(c_in, c_in),
+                        nn.ConvTranspose1d(c_in, c_in, 4, stride=2, padding=1),
+                    ]
+                )
+            )
+        self.final = nn.Sequential(
+            ConvNormMish(down_dims[0], down_dims[0], kernel_size, n_groups),
+            nn.Conv1d(down_dims[0], action_dim, 1),
+        )
+
+    def forward(self, sample: Tensor, step: Tensor, global_cond: Tensor) -> Tensor:
+        """`sample` (B, T, A), `step` (B,) diffusion steps, `global_cond` (B, G) -> prediction (B, T, A)."""
+        cond = torch.cat([self.step_encoder(step).to(global_cond.dtype), global_cond], dim=-1)
+        x = einops.rearrange(sample, "b t a -> b a t")
+        skips = []  # outputs of the levels below the top one, deepest last
+        for i, (res1, res2, downsample) in enumerate(self.down):
+            x = res2(res1(x, cond), cond)
+            if i > 0:
+                skips.append(x)
+            x = downsample(x)
+        for res in self.mid:
+            x = res(x, cond)
+        for res1, res2, upsample in self.up:
+            x = torch.cat([x, skips.pop()], dim=1)
+            x = upsample(res2(res1(x, cond), cond))
+        return einops.rearrange(self.final(x), "b a t -> b t a")

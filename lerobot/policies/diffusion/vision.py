@@ -1,0 +1,124 @@
+"""Image encoder of Diffusion Policy: crop -> ResNet (GroupNorm) -> spatial softmax -> linear.
+
+Chi et al. 2023 train a ResNet-18 from scratch, replace BatchNorm with GroupNorm (BatchNorm interacts badly
+with the EMA of the weights) and its global average pooling with a spatial softmax, which keeps *where*
+features fire: each of K learned keypoint maps becomes its expected (x, y) image coordinate.
+"""
+
+from __future__ import annotations
+
+import einops
+import torch
+import torchvision
+from torch import Tensor, nn
+
+from lerobot.policies.diffusion.configuration import DiffusionConfig
+
+
+class SpatialSoftmax(nn.Module):
+    """Feature map `(N, C, H, W)` -> expected keypoint coordinates `(N, K, 2)` in `[-1, 1]`.
+
+    A 1x1 convolution projects the C channels onto K keypoint maps; a softmax over the H*W positions of each
+    map gives a distribution whose mean position (x, y) is the keypoint. The mean is one matmul with the
+    fixed coordinate grid.
+    """
+
+    def __init__(self, in_shape: tuple[int, int, int], num_keypoints: int):
+        super().__init__()
+        channels, height, width = in_shape
+        self.num_keypoints = num_keypoints
+        self.keypoint_proj = nn.Conv2d(channels, num_keypoints, kernel_size=1)
+        ys, xs = torch.meshgrid(
+            torch.linspace(-1.0, 1.0, height), torch.linspace(-1.0, 1.0, width), indexing="ij"
+        )
+        # Not persistent: it is a function of the shape, not a learned or data-derived value.
+        self.register_buffer(
+            "grid", torch.stack([xs, ys], dim=-1).reshape(height * width, 2), persistent=False
+        )
+
+    def forward(self, features: Tensor) -> Tensor:
+        """`features` (N, C, H, W) -> keypoints (N, K, 2) as (x, y)."""
+        maps = einops.rearrange(self.keypoint_proj(features), "n k h w -> n k (h w)")
+        attention = torch.softmax(maps, dim=-1)
+        return attention @ self.grid.to(attention.dtype)
+
+
+def _group_norm_like(batch_norm: nn.BatchNorm2d) -> nn.GroupNorm:
+    # 16 channels per group, as the paper (64 channels -> 4 groups ... 512 -> 32 groups).
+    channels = batch_norm.num_features
+    return nn.GroupNorm(num_groups=max(1, channels // 16), num_channels=channels)
+
+
+def replace_batch_norm(module: nn.Module) -> nn.Module:
+    """Replace every `BatchNorm2d` inside `module` by a `GroupNorm` with 16 channels per group (in place)."""
+    for name, child in module.named_children():
+        if isinstance(child, nn.BatchNorm2d):
+            setattr(module, name, _group_norm_like(child))
+        else:
+            replace_batch_norm(child)
+    return module
+
+
+def random_crop(images: Tensor, size: tuple[int, int], generator: torch.Generator | None = None) -> Tensor:
+    """Crop every image of `images` (N, C, H, W) at its own random offset to `(N, C, h, w)`."""
+    n, _, height, width = images.shape
+    h, w = size
+    top = torch.randint(0, height - h + 1, (n,), generator=generator).to(images.device)
+    left = torch.randint(0, width - w + 1, (n,), generator=generator).to(images.device)
+    rows = top[:, None] + torch.arange(h, device=images.device)  # (N, h)
+    cols = left[:, None] + torch.arange(w, device=images.device)  # (N, w)
+    samples = torch.arange(n, device=images.device)
+    # Per-sample advanced indexing on a channels-last view: one copy, no Python loop over samples. The
+    # result is (N, h, w, C) in memory, i.e. a channels_last (N, C, h, w) tensor, which convolutions accept.
+    pixels = einops.rearrange(images, "n c h w -> n h w c")
+    crops = pixels[samples[:, None, None], rows[:, :, None], cols[:, None, :]]  # (N, h, w, C)
+    return einops.rearrange(crops, "n h w c -> n c h w")
+
+
+def center_crop(images: Tensor, size: tuple[int, int]) -> Tensor:
+    """Crop the center `(h, w)` of `images` (N, C, H, W)."""
+    height, width = images.shape[-2:]
+    top, left = (height - size[0]) // 2, (width - size[1]) // 2
+    return images[..., top : top + size[0], left : left + size[1]]
+
+
+class RgbEncoder(nn.Module):
+    """Images `(N, C, H, W)` (normalized) -> features `(N, feature_dim)`, `feature_dim = 2 * num_keypoints`.
+
+    Crops randomly in training mode (if `crop_is_random`) and centrally in eval mode.
+    """
+
+    def __init__(self, config: DiffusionConfig):
+        super().__init__()
+        (image_shape,) = {tuple(s) for s in config.image_features.values()}
+        channels, height, width = image_shape
+        self.crop_shape = tuple(config.crop_shape) if config.crop_shape is not None else None
+        self.crop_is_random = config.crop_is_random
+
+        resnet = torchvision.models.get_model(
+            config.vision_backbone, weights=config.pretrained_backbone_weights
+        )
+        if channels != 3:
+            resnet.conv1 = nn.Conv2d(channels, 64, kernel_size=7, stride=2, padding=3, bias=False)
+        # Everything up to the last residual stage: drop global average pooling and the classifier.
+        self.backbone = nn.Sequential(*list(resnet.children())[:-2])
+        if config.use_group_norm:
+            replace_batch_norm(self.backbone)
+
+        # The feature map's shape depends on the (cropped) input size; find it with one tiny forward pass.
+        in_hw = self.crop_shape or (height, width)
+        with torch.no_grad():
+            feature_shape = self.backbone(torch.zeros(1, channels, *in_hw)).shape[1:]
+        self.pool = SpatialSoftmax(tuple(feature_shape), config.spatial_softmax_num_keypoints)
+        self.feature_dim = 2 * config.spatial_softmax_num_keypoints
+        self.out = nn.Sequential(nn.Linear(self.feature_dim, self.feature_dim), nn.ReLU())
+
+    def forward(self, images: Tensor) -> Tensor:
+        """`images` (N, C, H, W) -> `(N, feature_dim)`."""
+        if self.crop_shape is not None and images.shape[-2:] != self.crop_shape:
+            if self.training and self.crop_is_random:
+                images = random_crop(images, self.crop_shape)
+            else:
+                images = center_crop(images, self.crop_shape)
+        keypoints = self.pool(self.backbone(images))  # (N, K, 2)
+        return self.out(einops.rearrange(keypoints, "n k xy -> n (k xy)"))
