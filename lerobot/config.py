@@ -141,7 +141,7 @@ def validate_config(cfg: DictConfig | dict) -> DictConfig:
     for key, feat in merged.env.features.items():
         if feat.kind not in FEATURE_KINDS:
             raise ConfigError(f"env.features.{key}.kind={feat.kind!r}: expected one of {FEATURE_KINDS}")
-    if not merged.env.output_features():
+    if not env_config(merged).output_features():
         raise ConfigError(f"env {merged.env.name!r} declares no feature of kind 'action'")
     checks = {
         "eval.n_episodes": merged.eval.n_episodes > 0,

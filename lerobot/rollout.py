@@ -1,0 +1,263 @@
+"""Batched evaluation: run a `Policy` in a gymnasium vector env and count every episode exactly.
+
+The acting path reads top to bottom in `eval_policy`:
+env -> observation -> `observation_to_batch` -> `policy.select_action` -> action -> env.
+
+Exactness rules:
+- Episode i is reset with seed `start_seed + i`, whichever slot (env index) runs it, so per-episode results
+  do not depend on `num_envs` or on sync vs async.
+- An episode's figures count its steps up to and including its first done (terminated or truncated) step.
+  The moment an episode ends its slot is reset explicitly (`reset_mask`) and the policy's history and
+  action queue for that slot are cleared, so nothing from gymnasium's autoreset and no queued action of
+  an earlier episode reaches a new one. This works for every autoreset mode.
+- Scheduling: with `schedule="refill"` (default) a slot starts the next pending episode as soon as its
+  episode ends; `schedule="batch"` waits until every slot is done (fixed batches of `num_envs`). Both give
+  identical per-episode results for a deterministic policy; refill keeps the envs busy.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from gymnasium.vector import AsyncVectorEnv, SyncVectorEnv, VectorEnv
+from tqdm.auto import tqdm
+
+from lerobot.envs.observation import observation_to_batch
+from lerobot.policies.policy import Policy
+
+# A step that takes longer than this means a worker hangs; fail instead of waiting forever.
+ASYNC_STEP_TIMEOUT_S = 120.0
+SCHEDULES = ("refill", "batch")
+
+
+class EnvWorkerError(RuntimeError):
+    """An async env worker died or stopped answering."""
+
+
+def policy_device(policy: torch.nn.Module) -> torch.device:
+    """The device of the policy's parameters or buffers (CPU for a policy with neither)."""
+    for tensor in (*policy.parameters(), *policy.buffers()):
+        return tensor.device
+    return torch.device("cpu")
+
+
+def _step(env: VectorEnv, action: np.ndarray):
+    if not isinstance(env, AsyncVectorEnv):
+        return env.step(action)
+    try:
+        env.step_async(action)
+        return env.step_wait(timeout=ASYNC_STEP_TIMEOUT_S)
+    except (EOFError, BrokenPipeError, ConnectionResetError) as e:
+        raise EnvWorkerError(
+            f"an env worker process died during step ({type(e).__name__}); see its log above"
+        ) from None
+    except TimeoutError:
+        raise EnvWorkerError(
+            f"an env worker did not answer a step within {ASYNC_STEP_TIMEOUT_S:.0f} s"
+        ) from None
+
+
+def _reset(env: VectorEnv, seeds: list[int | None], mask: np.ndarray | None):
+    options = None if mask is None else {"reset_mask": mask}
+    try:
+        return env.reset(seed=seeds, options=options)
+    except (EOFError, BrokenPipeError, ConnectionResetError) as e:
+        raise EnvWorkerError(f"an env worker process died during reset ({type(e).__name__})") from None
+
+
+def _success(info: dict[str, Any], num_envs: int) -> np.ndarray:
+    """Per-env `is_success` of the step just taken (read from `final_info` where SAME_STEP autoreset hid it)."""
+    success = np.zeros(num_envs, dtype=bool)
+    if "is_success" in info:
+        success = np.where(info.get("_is_success", True), info["is_success"], False).astype(bool)
+    final = info.get("final_info")
+    if isinstance(final, dict) and "is_success" in final:
+        has_final = np.asarray(info.get("_final_info", np.ones(num_envs, dtype=bool)), dtype=bool)
+        success = np.where(has_final, np.asarray(final["is_success"], dtype=bool), success)
+    return success
+
+
+def _render(env: VectorEnv, slots: list[int]) -> list[np.ndarray]:
+    """RGB frames of `slots`; a sync env renders only those, an async one renders in its workers."""
+    if isinstance(env, SyncVectorEnv):
+        return [env.envs[s].render() for s in slots]
+    images = env.call("render")
+    return [images[s] for s in slots]
+
+
+def _write_video(path: Path, frames: list[np.ndarray], fps: int) -> Path:
+    import imageio.v2 as imageio
+
+    # A unique temporary name in the same folder, renamed when complete: no half-written video remains.
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".mp4")
+    os.close(fd)
+    try:
+        imageio.mimsave(tmp, frames, fps=fps, macro_block_size=1)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def eval_policy(
+    env: VectorEnv,
+    policy: Policy,
+    n_episodes: int,
+    start_seed: int = 0,
+    max_episodes_rendered: int = 0,
+    videos_dir: Path | str | None = None,
+    progress: bool = True,
+    schedule: str = "refill",
+) -> dict[str, Any]:
+    """Evaluate `policy` for `n_episodes` on the vector env `env` and return per-episode and aggregate metrics.
+
+    Returns `{"per_episode": [{"episode_ix", "seed", "sum_reward", "max_reward", "success", "n_steps"}],
+    "aggregated": {"avg_sum_reward", "avg_max_reward", "pc_success", "eval_s", "eval_ep_s", "env_steps",
+    "env_steps_per_s", "slot_utilization"}, "video_paths": [...]}` with episodes ordered by index.
+    `slot_utilization` is busy env-steps / total env-steps (idle slots waiting for others count as waste).
+    """
+    if n_episodes <= 0:
+        raise ValueError(f"n_episodes={n_episodes} must be > 0")
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule={schedule!r}: expected one of {SCHEDULES}")
+    if max_episodes_rendered > 0 and videos_dir is None:
+        raise ValueError("max_episodes_rendered > 0 needs a videos_dir")
+    num_envs = env.num_envs
+    device = policy_device(policy)
+    fps = int(env.metadata.get("render_fps") or 10)
+    policy.eval()
+    policy.reset()
+
+    slot_ep = np.full(num_envs, -1, dtype=np.int64)  # episode index each slot runs, -1 = idle
+    sum_reward = np.zeros(n_episodes)
+    max_reward = np.full(n_episodes, -np.inf)
+    success = np.zeros(n_episodes, dtype=bool)
+    n_steps = np.zeros(n_episodes, dtype=np.int64)
+    frames: dict[int, list[np.ndarray]] = {}
+    video_jobs: list[Future] = []
+    writer = ThreadPoolExecutor(max_workers=1) if max_episodes_rendered > 0 else None
+    if videos_dir is not None:
+        videos_dir = Path(videos_dir)
+        videos_dir.mkdir(parents=True, exist_ok=True)
+
+    next_ep = 0
+    # Idle slots still step (a vector env steps all of them); they get seeds past the evaluated range.
+    idle_seed = start_seed + n_episodes
+
+    def assign(slots: np.ndarray) -> list[int | None]:
+        nonlocal next_ep, idle_seed
+        seeds: list[int | None] = [None] * num_envs
+        for slot in slots:
+            if next_ep < n_episodes:
+                slot_ep[slot] = next_ep
+                seeds[slot] = start_seed + next_ep
+                if next_ep < max_episodes_rendered:
+                    frames[next_ep] = []
+                next_ep += 1
+            else:
+                slot_ep[slot] = -1
+                seeds[slot] = idle_seed
+                idle_seed += 1
+        return seeds
+
+    def record_frames(slots: np.ndarray) -> None:
+        recording = [s for s in slots if slot_ep[s] in frames]
+        if recording:
+            for s, image in zip(recording, _render(env, recording)):
+                frames[slot_ep[s]].append(np.asarray(image))
+
+    start = time.perf_counter()
+    busy_steps = total_steps = 0
+    bar = tqdm(total=n_episodes, desc="eval episodes", disable=not progress, leave=False)
+    try:
+        obs, _ = _reset(env, assign(np.arange(num_envs)), None)
+        record_frames(np.arange(num_envs))
+        while (slot_ep >= 0).any():
+            action = policy.select_action(observation_to_batch(obs, device))
+            obs, reward, terminated, truncated, info = _step(
+                env, action.to("cpu", non_blocking=False).numpy()
+            )
+            active = slot_ep >= 0
+            total_steps += num_envs
+            busy_steps += int(active.sum())
+            eps = slot_ep[active]
+            sum_reward[eps] += reward[active]
+            max_reward[eps] = np.maximum(max_reward[eps], reward[active])
+            success[eps] |= _success(info, num_envs)[active]
+            n_steps[eps] += 1
+            record_frames(np.flatnonzero(active))
+
+            done = (terminated | truncated) & active
+            if not done.any():
+                continue
+            finished = np.flatnonzero(done)
+            for slot in finished:
+                ep = int(slot_ep[slot])
+                if ep in frames and writer is not None:
+                    path = videos_dir / f"eval_episode_{ep}.mp4"
+                    video_jobs.append(writer.submit(_write_video, path, frames.pop(ep), fps))
+                slot_ep[slot] = -1
+            bar.update(len(finished))
+            bar.set_postfix(env_steps=busy_steps)
+            if schedule == "refill":
+                to_reset = finished
+            elif not (slot_ep >= 0).any():
+                to_reset = np.arange(num_envs)
+            else:
+                # Fixed batches: a finished slot idles (reset so it stays steppable) until all are done.
+                to_reset = finished
+                seeds: list[int | None] = [None] * num_envs
+                for slot in finished:
+                    seeds[slot] = idle_seed
+                    idle_seed += 1
+                obs = _reset_slots(env, policy, obs, seeds, finished)
+                continue
+            obs = _reset_slots(env, policy, obs, assign(to_reset), to_reset)
+            record_frames(to_reset)
+    finally:
+        bar.close()
+    video_paths = [str(job.result()) for job in video_jobs]
+    if writer is not None:
+        writer.shutdown()
+    eval_s = time.perf_counter() - start
+
+    per_episode = [
+        {
+            "episode_ix": i,
+            "seed": start_seed + i,
+            "sum_reward": float(sum_reward[i]),
+            "max_reward": float(max_reward[i]),
+            "success": bool(success[i]),
+            "n_steps": int(n_steps[i]),
+        }
+        for i in range(n_episodes)
+    ]
+    aggregated = {
+        "avg_sum_reward": float(np.mean(sum_reward)),
+        "avg_max_reward": float(np.mean(max_reward)),
+        "pc_success": float(100.0 * np.mean(success)),
+        "eval_s": eval_s,
+        "eval_ep_s": eval_s / n_episodes,
+        "env_steps": int(busy_steps),
+        "env_steps_per_s": busy_steps / eval_s if eval_s > 0 else math.nan,
+        "slot_utilization": busy_steps / total_steps if total_steps else math.nan,
+    }
+    return {"per_episode": per_episode, "aggregated": aggregated, "video_paths": video_paths}
+
+
+def _reset_slots(env: VectorEnv, policy: Policy, obs: Any, seeds: list[int | None], slots: np.ndarray) -> Any:
+    """Reset only `slots` (with their seeds) and clear their policy state; other slots keep going."""
+    mask = np.zeros(env.num_envs, dtype=bool)
+    mask[slots] = True
+    new_obs, _ = _reset(env, seeds, mask)
+    policy.reset(env_ids=torch.as_tensor(slots))
+    return new_obs

@@ -1,0 +1,119 @@
+"""Training metrics: a local jsonl file and PNG curves always, Weights & Biases when enabled."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+log = logging.getLogger(__name__)
+
+METRICS_FILE = "metrics.jsonl"
+CURVES_FILE = "curves.png"
+# Curves drawn in the PNG: (split, key, panel title).
+PLOTTED = (
+    ("train", "loss", "train loss"),
+    ("eval", "pc_success", "eval success (%)"),
+    ("eval", "avg_max_reward", "eval avg max reward"),
+)
+
+
+class MetricsLogger:
+    """Append metrics to `run_dir/metrics.jsonl`, redraw `run_dir/curves.png`, forward to wandb if enabled.
+
+    On resume (`resume_step` set) lines logged after that step by the interrupted run are dropped, so the
+    file holds one trajectory.
+    """
+
+    def __init__(
+        self, run_dir: Path, cfg: DictConfig, resume_step: int | None = None, plot_every_s: float = 30.0
+    ):
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.run_dir / METRICS_FILE
+        self.plot_every_s = plot_every_s
+        self._last_plot = 0.0
+        self.records: list[dict[str, Any]] = []
+        if self.path.exists():
+            with open(self.path) as f:
+                self.records = [json.loads(line) for line in f if line.strip()]
+            if resume_step is not None:
+                self.records = [r for r in self.records if r["step"] <= resume_step]
+            self._rewrite()
+        self.wandb = None
+        if cfg.wandb.enable:
+            import wandb
+
+            self.wandb = wandb.init(
+                project=cfg.wandb.project,
+                entity=cfg.wandb.entity,
+                mode=cfg.wandb.mode,
+                dir=str(self.run_dir),
+                config=OmegaConf.to_container(cfg, resolve=True),
+                name=cfg.job_name or self.run_dir.name,
+                resume="allow",
+                id=self.run_dir.name.replace("/", "_"),
+            )
+
+    def _rewrite(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        with open(tmp, "w") as f:
+            for record in self.records:
+                f.write(json.dumps(record) + "\n")
+        tmp.replace(self.path)
+
+    def log(self, step: int, metrics: dict[str, float], split: str = "train") -> None:
+        """Record `metrics` at `step` under `split` ("train" or "eval")."""
+        record = {"step": int(step), "split": split, "time": time.time()}
+        record.update({k: float(v) for k, v in metrics.items()})
+        self.records.append(record)
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.wandb is not None:
+            self.wandb.log({f"{split}/{k}": v for k, v in metrics.items()}, step=int(step))
+        if split == "eval" or time.monotonic() - self._last_plot > self.plot_every_s:
+            self.plot()
+
+    def log_video(self, step: int, path: str | Path, split: str = "eval") -> None:
+        """Attach an mp4 to the wandb run (the file itself already lies in the run directory)."""
+        if self.wandb is not None:
+            import wandb
+
+            self.wandb.log({f"{split}/video": wandb.Video(str(path), format="mp4")}, step=int(step))
+
+    def plot(self) -> None:
+        """Redraw the training curves PNG (atomically, so a reader never sees half a file)."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        self._last_plot = time.monotonic()
+        fig, axes = plt.subplots(1, len(PLOTTED), figsize=(5 * len(PLOTTED), 3.5))
+        for ax, (split, key, title) in zip(axes, PLOTTED):
+            points = [(r["step"], r[key]) for r in self.records if r["split"] == split and key in r]
+            points = [(s, v) for s, v in points if math.isfinite(v)]
+            if points:
+                steps, values = zip(*points)
+                ax.plot(steps, values, marker="o" if split == "eval" else None, markersize=3)
+                if key == "loss" and min(values) > 0:
+                    ax.set_yscale("log")
+            ax.set_title(title)
+            ax.set_xlabel("step")
+            ax.grid(alpha=0.3)
+        fig.tight_layout()
+        tmp = self.run_dir / f".{CURVES_FILE}"
+        fig.savefig(tmp, format="png", dpi=80)
+        plt.close(fig)
+        tmp.replace(self.run_dir / CURVES_FILE)
+
+    def close(self) -> None:
+        """Final plot and wandb shutdown."""
+        self.plot()
+        if self.wandb is not None:
+            self.wandb.finish()
