@@ -1,0 +1,124 @@
+"""`TDMPCConfig`: TD-MPC (Hansen et al. 2022) with some FOWM refinements, learned online from a replay buffer.
+
+Defaults follow the papers for the planner (horizon 5, 6 MPPI iterations, 512 samples, 64 elites, 24 policy
+trajectories, temperature 0.5, momentum 0.1) and for the loss weights (consistency 2, reward 0.5, value 0.1,
+temporal discount rho 0.5). Deviations, and why:
+
+- An ensemble of `n_q=5` Q-functions whose TD targets and policy objective take the minimum over `n_q_min=2`
+  members drawn at random each update (FOWM / REDQ): less over-estimation than TD-MPC's two Q-functions.
+- Hidden layers are Linear -> LayerNorm -> Mish (FOWM / TD-MPC2), and the latent state is SimNorm-ed
+  (softmax over groups of `simnorm_dim` units, TD-MPC2): the latent stays bounded so long latent rollouts and
+  the consistency loss cannot blow up. `latent_dim` must therefore be a multiple of `simnorm_dim`.
+- The policy objective is divided by a running estimate of the Q scale so that tasks with large returns
+  (Pendulum: rewards down to -16 per step) do not let the policy gradient dominate the shared gradient clip.
+
+Planner settings sized for a GPU are slow on a CPU (about a second per call for 8 envs, see docs/tdmpc.md);
+smaller ones for CPU experiments are given there as overrides.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lerobot.config import ConfigError
+from lerobot.constants import ENV_STATE, STATE, VISUAL
+from lerobot.policies.config import ONLINE, PolicyConfig
+
+
+@dataclass
+class TDMPCConfig(PolicyConfig):
+    """TD-MPC: latent world model + Q ensemble + policy prior, acting by MPPI planning in latent space."""
+
+    name: str = "tdmpc"
+    training_mode: str = ONLINE
+    n_obs_steps: int = 1
+    n_action_steps: int = 1
+
+    # Optimisation (TD-MPC/FOWM state-based tasks). AdamW with weight decay 0 is Adam.
+    batch_size: int = 256
+    optimizer_lr: float = 3e-4
+    optimizer_betas: tuple[float, float] = (0.9, 0.999)
+    optimizer_eps: float = 1e-8
+    optimizer_weight_decay: float = 0.0
+
+    # Architecture.
+    latent_dim: int = 64
+    enc_dim: int = 256
+    mlp_dim: int = 512
+    simnorm_dim: int = 8
+    n_q: int = 5
+    n_q_min: int = 2
+
+    # Learning: sequence length of a training sample, discounts, loss weights, target network EMA.
+    horizon: int = 5
+    discount: float = 0.99
+    rho: float = 0.5
+    consistency_coeff: float = 2.0
+    reward_coeff: float = 0.5
+    value_coeff: float = 0.1
+    policy_coeff: float = 1.0
+    tau: float = 0.01
+    # EMA decay of the running Q scale that normalises the policy objective.
+    q_scale_momentum: float = 0.99
+
+    # Planning (MPPI in latent space). `plan_horizon` defaults to `horizon` when null.
+    use_mpc: bool = True
+    plan_horizon: int | None = None
+    iterations: int = 6
+    num_samples: int = 512
+    num_elites: int = 64
+    num_pi_trajs: int = 24
+    temperature: float = 0.5
+    momentum: float = 0.1
+    min_std: float = 0.05
+    max_std: float = 2.0
+    # Seed of the per-env planner noise; the env in batch slot b uses `planner_seed + b` until
+    # `TDMPCPolicy.set_planner_seed` says otherwise.
+    planner_seed: int = 0
+
+    @property
+    def planning_horizon(self) -> int:
+        """Number of steps the planner looks ahead."""
+        return self.plan_horizon if self.plan_horizon is not None else self.horizon
+
+    def validate(self) -> None:
+        super().validate()
+        if self.n_obs_steps != 1:
+            raise ConfigError(f"policy.n_obs_steps={self.n_obs_steps}: tdmpc encodes one observation, use 1")
+        if self.n_action_steps > self.planning_horizon:
+            raise ConfigError(
+                f"policy.n_action_steps={self.n_action_steps} exceeds the planning horizon "
+                f"{self.planning_horizon}"
+            )
+        if self.latent_dim % self.simnorm_dim != 0:
+            raise ConfigError(
+                f"policy.latent_dim={self.latent_dim} must be a multiple of policy.simnorm_dim={self.simnorm_dim}"
+            )
+        if not 1 <= self.n_q_min <= self.n_q:
+            raise ConfigError(f"policy.n_q_min={self.n_q_min} must be in [1, policy.n_q={self.n_q}]")
+        if self.horizon < 1 or self.planning_horizon < 1:
+            raise ConfigError("policy.horizon and policy.plan_horizon must be >= 1")
+        if self.use_mpc and not 1 <= self.num_elites <= self.num_samples + self.num_pi_trajs:
+            raise ConfigError(
+                f"policy.num_elites={self.num_elites} must be in [1, num_samples + num_pi_trajs]"
+            )
+        if self.iterations < 1 or self.num_samples < 1 or self.num_pi_trajs < 0:
+            raise ConfigError("policy.iterations and policy.num_samples must be >= 1, num_pi_trajs >= 0")
+        if not 0.0 < self.tau <= 1.0:
+            raise ConfigError(f"policy.tau={self.tau} must be in (0, 1]")
+        if not 0.0 < self.min_std <= self.max_std:
+            raise ConfigError(
+                f"policy.min_std={self.min_std} and max_std={self.max_std}: need 0 < min <= max"
+            )
+        for key, feat in {**self.input_features, **self.output_features}.items():
+            if feat.kind == VISUAL:
+                raise ConfigError(
+                    f"tdmpc takes low-dimensional observations only; {key!r} is an image "
+                    "(use env=pusht_keypoints instead of env=pusht)"
+                )
+            if feat.low is None or feat.high is None:
+                raise ConfigError(
+                    f"tdmpc normalises with the feature bounds; {key!r} declares no low/high in the env config"
+                )
+        if not any(f.kind in (STATE, ENV_STATE) for f in self.input_features.values()):
+            raise ConfigError("tdmpc needs at least one state or env_state observation feature")

@@ -1,0 +1,221 @@
+"""`TDMPCPolicy`: TD-MPC's world model, its losses, and acting by MPPI planning through the `Policy` base class.
+
+Acting path: `select_action` (base class) -> `predict_action_chunk`: encode the current observation, plan
+B envs at once with `MPPIPlanner`, return the planned actions (B, H, A) in env units.
+
+Learning path: the online trainer samples sub-trajectories from the replay buffer and calls `forward`:
+
+    batch[obs key]            (B, H+1, D)  observations o_0 .. o_H (o_{t+1} is the next obs of step t)
+    batch["action"]           (B, H, A)    actions a_0 .. a_{H-1}, env units
+    batch["next.reward"]      (B, H)       r_t
+    batch["next.terminated"]  (B, H)       1 where step t ended the episode by termination (no bootstrap)
+
+then, after the optimiser step, `update_target()` moves the EMA target network towards the online one.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from lerobot.constants import ACTION, NEXT_REWARD
+from lerobot.policies.policy import Policy
+from lerobot.policies.tdmpc.configuration import TDMPCConfig
+from lerobot.policies.tdmpc.networks import BoundsNormalizer, WorldModel
+from lerobot.policies.tdmpc.planner import MPPIPlanner, PlannerSettings
+
+# Termination flag of a transition (bootstrap mask = 1 - terminated); written by the replay buffer.
+NEXT_TERMINATED = "next.terminated"
+
+
+class TDMPCPolicy(Policy):
+    """TD-MPC: plans with MPPI in a learned latent space, learns from replayed sub-trajectories.
+
+    `dataset_stats` is accepted for the factory's signature and ignored: normalisation comes from the
+    features' `low`/`high` bounds, which online RL knows before it has seen any data.
+
+    Extra methods for the trainer: `update_target()` (EMA of the target network), `set_planner_seed()`,
+    and the `explore` attribute (add exploration noise to planned actions while collecting data).
+    """
+
+    def __init__(self, config: TDMPCConfig, dataset_stats: dict | None = None):
+        super().__init__(n_obs_steps=config.n_obs_steps, n_action_steps=config.n_action_steps)
+        config.validate()
+        self.config = config
+        self.obs_keys = sorted(config.input_features)
+        (self.action_key,) = config.output_features
+        self.obs_dim = sum(math.prod(config.input_features[k].shape) for k in self.obs_keys)
+        self.action_dim = config.action_dim
+        self.normalizer = BoundsNormalizer({**config.input_features, **config.output_features})
+        self.model = WorldModel(
+            obs_dim=self.obs_dim,
+            action_dim=self.action_dim,
+            latent_dim=config.latent_dim,
+            enc_dim=config.enc_dim,
+            mlp_dim=config.mlp_dim,
+            simnorm_dim=config.simnorm_dim,
+            n_q=config.n_q,
+        )
+        # The target network is a frozen EMA copy of the whole model (encoder and Q are what the targets use).
+        self.model_target = copy.deepcopy(self.model).requires_grad_(False)
+        # Running mean |Q|, dividing the policy objective so its gradient scale does not depend on the task's
+        # reward scale.
+        self.register_buffer("q_scale", torch.ones(()))
+        self.explore = False
+        self.planner = MPPIPlanner(
+            PlannerSettings(
+                horizon=config.planning_horizon,
+                iterations=config.iterations,
+                num_samples=config.num_samples,
+                num_elites=config.num_elites,
+                num_pi_trajs=config.num_pi_trajs,
+                temperature=config.temperature,
+                momentum=config.momentum,
+                min_std=config.min_std,
+                max_std=config.max_std,
+                discount=config.discount,
+            ),
+            action_dim=self.action_dim,
+            seed=config.planner_seed,
+        )
+        self._plan_env_ids: Tensor | None = None
+
+    # ----------------------------------------------------------------- acting
+    def on_reset(self, env_ids: Tensor | None) -> None:
+        planner = getattr(self, "planner", None)  # the base __init__ resets before our attributes exist
+        if planner is not None:
+            planner.reset(env_ids)
+
+    def set_planner_seed(self, seed: int | Sequence[int]) -> None:
+        """Seed planner noise: an int gives env slot b `seed + b`; a sequence gives one seed per env slot."""
+        self.planner.set_seed(seed)
+
+    def _fill_queue(self, history: dict[str, Tensor], ids: Tensor | None) -> None:
+        # The base class refills a subset of envs (ids) when their queues empty at different steps; the planner
+        # needs to know which env slots those rows are, for their previous plans and their generators.
+        self._plan_env_ids = ids
+        try:
+            super()._fill_queue(history, ids)
+        finally:
+            self._plan_env_ids = None
+
+    def encode_observation(self, batch: dict[str, Tensor]) -> Tensor:
+        """Normalised, flattened, concatenated observation features: (..., *shape) per key -> (..., obs_dim)."""
+        parts = []
+        for key in self.obs_keys:
+            x = self.normalizer.normalize(key, batch[key])
+            n_feat_dims = len(self.config.input_features[key].shape)
+            parts.append(x.flatten(start_dim=x.ndim - n_feat_dims))
+        return torch.cat(parts, dim=-1)
+
+    @torch.no_grad()
+    def predict_action_chunk(self, batch: dict[str, Tensor]) -> Tensor:
+        """Planned actions (B, H, A) in env units from observations (B, n_obs_steps=1, ...)."""
+        obs = {k: batch[k][:, -1] for k in self.obs_keys}
+        z = self.model.encode(self.encode_observation(obs))
+        if self.config.use_mpc:
+            actions = self.planner.plan(self.model, z, explore=self.explore, env_ids=self._plan_env_ids)
+        else:
+            actions = self._policy_rollout(z)
+        return self.normalizer.unnormalize(self.action_key, actions)
+
+    def _policy_rollout(self, z: Tensor) -> Tensor:
+        """Actions of the policy prior along its own latent rollout (B, H, A), with min_std noise if exploring."""
+        actions = []
+        for t in range(self.config.planning_horizon):
+            a = self.model.pi(z)
+            if self.explore:
+                a = (a + self.config.min_std * torch.randn_like(a)).clamp(-1, 1)
+            actions.append(a)
+            if t < self.config.planning_horizon - 1:
+                z = self.model.next(z, a)
+        return torch.stack(actions, dim=1)
+
+    # ----------------------------------------------------------------- learning
+    def forward(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        """TD-MPC losses on replayed sub-trajectories (see the module docstring for the batch layout).
+
+        Each term is a sum over time steps t of rho**t times the per-step loss, divided by the horizon:
+        - consistency: ||d(z_t, a_t) - h_target(o_{t+1})||^2 (latent rollout from z_0 = h(o_0))
+        - reward: (R(z_t, a_t) - r_t)^2
+        - value: sum over the ensemble of (Q_k(z_t, a_t) - (r_t + discount * (1 - term_t) * V'(o_{t+1})))^2,
+          V'(o) = min over `n_q_min` random target Qs of Q'(h(o), pi(h(o)))
+        - policy: -min over `n_q_min` random Qs of Q(z_t, pi(z_t)) / q_scale on detached latents, Q frozen.
+        """
+        cfg = self.config
+        action = self.normalizer.normalize(self.action_key, batch[ACTION])  # (B, H, A)
+        reward = batch[NEXT_REWARD].float()  # (B, H)
+        terminated = batch.get(NEXT_TERMINATED, torch.zeros_like(reward)).float()
+        horizon = action.shape[1]
+        obs = self.encode_observation({k: batch[k] for k in self.obs_keys})  # (B, H+1, D)
+        if obs.shape[1] != horizon + 1:
+            raise ValueError(f"observations need H+1={horizon + 1} steps, got {obs.shape[1]}")
+        rho = cfg.rho ** torch.arange(horizon + 1, device=action.device, dtype=action.dtype)  # (H+1,)
+
+        with torch.no_grad():
+            next_obs = obs[:, 1:]
+            z_target = self.model_target.encode(next_obs)  # (B, H, L) consistency targets
+            # As TD-MPC: next latent from the online encoder, policy action from the online prior, value
+            # from the target Q ensemble.
+            z_next = self.model.encode(next_obs)
+            q_next = self.model_target.q(z_next, self.model.pi(z_next))  # (n_q, B, H)
+            subset = torch.randperm(cfg.n_q, device=action.device)[: cfg.n_q_min]
+            v_next = q_next[subset].min(dim=0).values
+            td_target = reward + cfg.discount * (1.0 - terminated) * v_next  # (B, H)
+
+        z = self.model.encode(obs[:, 0])
+        latents = [z]
+        q_preds, r_preds = [], []
+        for t in range(horizon):
+            q_preds.append(self.model.q(z, action[:, t]))  # (n_q, B)
+            r_preds.append(self.model.reward(z, action[:, t]))  # (B,)
+            z = self.model.next(z, action[:, t])
+            latents.append(z)
+        zs = torch.stack(latents, dim=1)  # (B, H+1, L)
+        q_pred = torch.stack(q_preds, dim=-1)  # (n_q, B, H)
+        r_pred = torch.stack(r_preds, dim=-1)  # (B, H)
+
+        w = rho[:horizon]
+        consistency = (w * ((zs[:, 1:] - z_target) ** 2).mean(dim=(0, 2))).sum() / horizon
+        reward_loss = (w * ((r_pred - reward) ** 2).mean(dim=0)).sum() / horizon
+        value_loss = (w * ((q_pred - td_target.unsqueeze(0)) ** 2).sum(dim=0).mean(dim=0)).sum() / horizon
+
+        # Policy: maximise Q along the (detached) latent rollout; Q's weights are detached so this term
+        # trains pi alone.
+        z_pi = zs.detach()
+        q_pi = self.model.q(z_pi, self.model.pi(z_pi), detach_params=True)  # (n_q, B, H+1)
+        subset_pi = torch.randperm(cfg.n_q, device=action.device)[: cfg.n_q_min]
+        q_pi = q_pi[subset_pi].min(dim=0).values
+        if self.training:
+            with torch.no_grad():
+                self.q_scale.lerp_(q_pi.abs().mean(), 1.0 - cfg.q_scale_momentum)
+        scale = self.q_scale.clamp_min(1.0)
+        policy_loss = -(rho * (q_pi / scale).mean(dim=0)).sum() / (horizon + 1)
+
+        loss = (
+            cfg.consistency_coeff * consistency
+            + cfg.reward_coeff * reward_loss
+            + cfg.value_coeff * value_loss
+            + cfg.policy_coeff * policy_loss
+        )
+        return {
+            "loss": loss,
+            "consistency_loss": consistency.detach(),
+            "reward_loss": reward_loss.detach(),
+            "value_loss": value_loss.detach(),
+            "policy_loss": policy_loss.detach(),
+            "q_mean": q_pred.detach().mean(),
+            "td_target_mean": td_target.mean(),
+        }
+
+    @torch.no_grad()
+    def update_target(self, tau: float | None = None) -> None:
+        """EMA step of the target network: target <- (1 - tau) * target + tau * online (tau from the config)."""
+        tau = self.config.tau if tau is None else tau
+        online = list(self.model.parameters())
+        target = list(self.model_target.parameters())
+        torch._foreach_lerp_(target, online, tau)

@@ -1,0 +1,177 @@
+"""Building blocks of the TD-MPC world model: MLPs, SimNorm, a vectorised Q ensemble, bounds normalisation.
+
+Everything works on normalised quantities: observations and actions in [-1, 1] (see `BoundsNormalizer`),
+latent states on the product of simplices that SimNorm produces.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import Tensor, nn
+
+from lerobot.config import FeatureConfig
+
+
+class SimNorm(nn.Module):
+    """Simplicial normalisation (TD-MPC2): softmax over consecutive groups of `group_dim` units.
+
+    Keeps every latent bounded (each group sums to 1) without squashing gradients the way tanh does; a
+    bounded latent keeps multi-step latent rollouts and the consistency loss well scaled.
+    """
+
+    def __init__(self, group_dim: int):
+        super().__init__()
+        self.group_dim = group_dim
+
+    def forward(self, x: Tensor) -> Tensor:
+        groups = rearrange(x, "... (g d) -> ... g d", d=self.group_dim)
+        return rearrange(groups.softmax(dim=-1), "... g d -> ... (g d)")
+
+
+def mlp(in_dim: int, hidden_dims: list[int], out_dim: int, out_act: nn.Module | None = None) -> nn.Sequential:
+    """Linear -> LayerNorm -> Mish for each hidden layer, then a Linear (and `out_act` if given)."""
+    layers: list[nn.Module] = []
+    dims = [in_dim, *hidden_dims]
+    for d_in, d_out in zip(dims[:-1], dims[1:]):
+        layers += [nn.Linear(d_in, d_out), nn.LayerNorm(d_out), nn.Mish()]
+    layers.append(nn.Linear(dims[-1], out_dim))
+    if out_act is not None:
+        layers.append(out_act)
+    return nn.Sequential(*layers)
+
+
+class QEnsemble(nn.Module):
+    """`n` Q-functions Q_k(z, a) evaluated in one batched matmul per layer instead of a Python loop.
+
+    Each member is Linear -> LayerNorm -> Mish (x len(hidden_dims)) -> Linear(1). Weights are stacked as
+    (n, d_in, d_out). `forward(..., detach_params=True)` uses detached weights: the policy objective
+    backpropagates through Q into the action without training Q itself.
+    """
+
+    def __init__(self, n: int, in_dim: int, hidden_dims: list[int]):
+        super().__init__()
+        self.n = n
+        dims = [in_dim, *hidden_dims, 1]
+        self.weights = nn.ParameterList()
+        self.biases = nn.ParameterList()
+        self.ln_weights = nn.ParameterList()
+        self.ln_biases = nn.ParameterList()
+        for i, (d_in, d_out) in enumerate(zip(dims[:-1], dims[1:])):
+            # Same init as nn.Linear, independently per member; the output layer starts at zero so that
+            # early TD targets are the rewards alone (as in TD-MPC).
+            bound = 1.0 / math.sqrt(d_in)
+            last = i == len(dims) - 2
+            w = torch.zeros(n, d_in, d_out) if last else torch.empty(n, d_in, d_out).uniform_(-bound, bound)
+            b = torch.zeros(n, d_out) if last else torch.empty(n, d_out).uniform_(-bound, bound)
+            self.weights.append(nn.Parameter(w))
+            self.biases.append(nn.Parameter(b))
+            if not last:
+                self.ln_weights.append(nn.Parameter(torch.ones(n, d_out)))
+                self.ln_biases.append(nn.Parameter(torch.zeros(n, d_out)))
+
+    def forward(self, x: Tensor, detach_params: bool = False) -> Tensor:
+        """Q values (n, ...) for inputs x (..., in_dim)."""
+        batch_shape = x.shape[:-1]
+        h = x.reshape(1, -1, x.shape[-1]).expand(self.n, -1, -1)  # (n, N, in_dim)
+        n_layers = len(self.weights)
+        for i in range(n_layers):
+            w, b = self.weights[i], self.biases[i]
+            if detach_params:
+                w, b = w.detach(), b.detach()
+            h = torch.baddbmm(b.unsqueeze(1), h, w)  # (n, N, d_out)
+            if i < n_layers - 1:
+                g, beta = self.ln_weights[i], self.ln_biases[i]
+                if detach_params:
+                    g, beta = g.detach(), beta.detach()
+                h = F.layer_norm(h, h.shape[-1:]) * g.unsqueeze(1) + beta.unsqueeze(1)
+                h = F.mish(h)
+        return h.reshape(self.n, *batch_shape)
+
+
+class BoundsNormalizer(nn.Module):
+    """Affine maps between feature bounds [low, high] and [-1, 1], with the bounds stored as buffers.
+
+    The bounds live in the state dict, so a checkpoint carries its own normalisation (no dataset needed).
+    A bound given as one number applies to every element of the feature.
+    """
+
+    def __init__(self, features: dict[str, FeatureConfig]):
+        super().__init__()
+        self.keys = sorted(features)
+        for key in self.keys:
+            feat = features[key]
+            shape = tuple(feat.shape)
+            low = torch.as_tensor(feat.low, dtype=torch.float32).expand(shape).clone()
+            high = torch.as_tensor(feat.high, dtype=torch.float32).expand(shape).clone()
+            if torch.any(high <= low):
+                raise ValueError(
+                    f"feature {key!r}: every high must exceed its low, got {feat.low}, {feat.high}"
+                )
+            safe = key.replace(".", "_")
+            self.register_buffer(f"{safe}_center", (high + low) / 2)
+            self.register_buffer(f"{safe}_half_range", (high - low) / 2)
+
+    def _stats(self, key: str) -> tuple[Tensor, Tensor]:
+        safe = key.replace(".", "_")
+        return getattr(self, f"{safe}_center"), getattr(self, f"{safe}_half_range")
+
+    def normalize(self, key: str, x: Tensor) -> Tensor:
+        """Map x (..., *shape) from [low, high] to [-1, 1]."""
+        center, half = self._stats(key)
+        return (x - center) / half
+
+    def unnormalize(self, key: str, x: Tensor) -> Tensor:
+        """Map x (..., *shape) from [-1, 1] back to [low, high]."""
+        center, half = self._stats(key)
+        return x * half + center
+
+
+class WorldModel(nn.Module):
+    """Encoder h, latent dynamics d, reward head R, Q ensemble and tanh policy prior pi of TD-MPC.
+
+    Shapes: observations (..., obs_dim) and actions (..., action_dim) are normalised to [-1, 1]; latents are
+    (..., latent_dim). Q returns (n_q, ...).
+    """
+
+    def __init__(
+        self,
+        obs_dim: int,
+        action_dim: int,
+        latent_dim: int,
+        enc_dim: int,
+        mlp_dim: int,
+        simnorm_dim: int,
+        n_q: int,
+    ):
+        super().__init__()
+        self.encoder = mlp(obs_dim, [enc_dim], latent_dim, SimNorm(simnorm_dim))
+        self.dynamics = mlp(latent_dim + action_dim, [mlp_dim, mlp_dim], latent_dim, SimNorm(simnorm_dim))
+        self.reward_head = mlp(latent_dim + action_dim, [mlp_dim, mlp_dim], 1)
+        self.pi_head = mlp(latent_dim, [mlp_dim, mlp_dim], action_dim, nn.Tanh())
+        self.q_ensemble = QEnsemble(n_q, latent_dim + action_dim, [mlp_dim, mlp_dim])
+        # Zero-initialised reward output: predicted rewards start at 0 rather than at random values.
+        nn.init.zeros_(self.reward_head[-1].weight)
+        nn.init.zeros_(self.reward_head[-1].bias)
+
+    def encode(self, obs: Tensor) -> Tensor:
+        return self.encoder(obs)
+
+    def next(self, z: Tensor, a: Tensor) -> Tensor:
+        """Next latent d(z, a)."""
+        return self.dynamics(torch.cat([z, a], dim=-1))
+
+    def reward(self, z: Tensor, a: Tensor) -> Tensor:
+        """Predicted reward R(z, a), shape (...)."""
+        return self.reward_head(torch.cat([z, a], dim=-1)).squeeze(-1)
+
+    def pi(self, z: Tensor) -> Tensor:
+        """Policy prior's action in [-1, 1]."""
+        return self.pi_head(z)
+
+    def q(self, z: Tensor, a: Tensor, detach_params: bool = False) -> Tensor:
+        """All Q values, shape (n_q, ...)."""
+        return self.q_ensemble(torch.cat([z, a], dim=-1), detach_params=detach_params)
