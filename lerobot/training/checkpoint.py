@@ -22,7 +22,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from safetensors.torch import load_file, save_file
 
-from lerobot.config import ConfigError, env_config, validate_config
+from lerobot.config import env_config, validate_config
 from lerobot.policies.factory import make_policy, make_policy_config
 from lerobot.policies.policy import Policy
 
@@ -108,7 +108,7 @@ def load_config(ckpt_dir: Path) -> DictConfig:
         raise CheckpointError(f"checkpoint {ckpt_dir} is incomplete: {CONFIG_FILE} is missing")
     try:
         return validate_config(OmegaConf.load(path))
-    except (ConfigError, Exception) as e:
+    except Exception as e:
         raise CheckpointError(f"{path} is not a valid config: {e}") from None
 
 

@@ -1,0 +1,25 @@
+"""Trainers: offline (demonstrations) and online (replay buffer), sharing checkpoints and logging."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from lerobot.config import ConfigError, env_config
+from lerobot.policies.config import OFFLINE, ONLINE
+from lerobot.policies.factory import make_policy_config
+
+
+def train(cfg: DictConfig) -> Path:
+    """Train the configured policy (offline or online by its `training_mode`); return the run directory."""
+    policy_cfg = make_policy_config(cfg.policy, env_config(cfg))
+    if policy_cfg.training_mode == OFFLINE:
+        from lerobot.training.offline import train_offline
+
+        return train_offline(cfg)
+    if policy_cfg.training_mode == ONLINE:
+        from lerobot.training.online import train_online
+
+        return train_online(cfg)
+    raise ConfigError(f"policy {policy_cfg.name!r} is not trainable (evaluate it with scripts/eval.py)")

@@ -1,0 +1,134 @@
+"""Pieces both trainers share: run directory, device, seeding, optimizer, periodic evaluation."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from omegaconf import DictConfig
+
+from lerobot.config import ConfigError, env_config
+from lerobot.envs import make_env, resolve_use_async
+from lerobot.policies.config import PolicyConfig
+from lerobot.policies.policy import Policy
+from lerobot.rollout import eval_policy
+from lerobot.training.checkpoint import get_rng_state, latest_checkpoint, set_rng_state
+
+log = logging.getLogger(__name__)
+
+
+class TrainingDivergedError(RuntimeError):
+    """The loss became NaN or infinite."""
+
+
+def resolve_device(name: str) -> torch.device:
+    """`auto` -> cuda when available, else cpu; `cuda` without a GPU is a config error."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"device={name} but no CUDA GPU is available; use device=cpu")
+    return torch.device(name)
+
+
+def set_seed(seed: int) -> None:
+    """Seed python, numpy and torch."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def setup_run(cfg: DictConfig) -> tuple[Path, Path | None]:
+    """Create (or find) the run directory; return it and the checkpoint to resume from, if any.
+
+    `training.resume=true` needs `output_dir` pointing at an earlier run that holds a checkpoint.
+    """
+    if cfg.output_dir is None:
+        if cfg.training.resume:
+            raise ConfigError("training.resume=true needs output_dir=<run directory of the run to resume>")
+        now = dt.datetime.now()
+        cfg.output_dir = str(
+            Path("outputs/train")
+            / now.strftime("%Y-%m-%d")
+            / f"{now:%H-%M-%S}_{cfg.env.name}_{cfg.policy.name}"
+        )
+    run_dir = Path(cfg.output_dir)
+    resume_from = None
+    if cfg.training.resume:
+        resume_from = latest_checkpoint(run_dir)
+        if resume_from is None:
+            raise ConfigError(f"training.resume=true but {run_dir} holds no checkpoint (checkpoints/last)")
+    elif latest_checkpoint(run_dir) is not None:
+        raise ConfigError(
+            f"{run_dir} already holds checkpoints; pass training.resume=true to continue it or pick another output_dir"
+        )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir, resume_from
+
+
+def build_optimizer(policy: Policy, policy_cfg: PolicyConfig, total_steps: int):
+    """AdamW with the policy's optimizer settings and a diffusers LR schedule (warm-up, then e.g. cosine)."""
+    from diffusers.optimization import get_scheduler
+
+    optimizer = torch.optim.AdamW(
+        [p for p in policy.parameters() if p.requires_grad],
+        lr=policy_cfg.optimizer_lr,
+        betas=tuple(policy_cfg.optimizer_betas),
+        eps=policy_cfg.optimizer_eps,
+        weight_decay=policy_cfg.optimizer_weight_decay,
+    )
+    scheduler = get_scheduler(
+        policy_cfg.scheduler_name,
+        optimizer=optimizer,
+        num_warmup_steps=policy_cfg.scheduler_warmup_steps,
+        num_training_steps=max(total_steps, 1),
+    )
+    return optimizer, scheduler
+
+
+def run_evaluation(cfg: DictConfig, policy: Policy, step: int, run_dir: Path, logger=None) -> dict[str, Any]:
+    """Evaluate `policy` with the `eval` settings, save `eval_info.json` and videos under `run_dir/eval/`.
+
+    Random states are saved and restored around the rollout so that evaluating does not change the
+    training trajectory (a resumed run stays identical to an uninterrupted one).
+    """
+    env_cfg = env_config(cfg)
+    rng = get_rng_state()
+    use_async = resolve_use_async(cfg.eval.use_async_envs, env_cfg, cfg.eval.batch_size)
+    n_envs = min(cfg.eval.batch_size, cfg.eval.n_episodes)
+    out_dir = Path(run_dir) / "eval" / f"step_{step:09d}"
+    env = make_env(env_cfg, n_envs, use_async=use_async)
+    was_training = policy.training
+    try:
+        info = eval_policy(
+            env,
+            policy,
+            cfg.eval.n_episodes,
+            start_seed=cfg.eval.start_seed,
+            max_episodes_rendered=cfg.eval.max_episodes_rendered,
+            videos_dir=out_dir / "videos",
+            progress=False,
+        )
+    finally:
+        env.close()
+        policy.train(was_training)
+        set_rng_state(rng)
+    write_json(out_dir / "eval_info.json", info)
+    if logger is not None:
+        logger.log(step, info["aggregated"], split="eval")
+        for path in info["video_paths"][:1]:
+            logger.log_video(step, path)
+    return info
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write JSON atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    tmp.replace(path)
