@@ -1,0 +1,33 @@
+"""Datasets: PushT import/conversion, the episode dataset with delta_timestamps windows, statistics, loaders."""
+
+from lerobot.datasets.episode_dataset import DeltaTimestampsError, EpisodeDataset, collate_batch
+from lerobot.datasets.factory import StepBatchSampler, make_dataloader, make_dataset, split_episodes
+from lerobot.datasets.format import DatasetError, DatasetNotFoundError
+from lerobot.datasets.pusht_import import (
+    PUSHT_URL,
+    convert_pusht_zarr,
+    default_cache_dir,
+    find_pusht_source,
+    prepare_pusht,
+)
+from lerobot.datasets.pusht_rules import block_coverage, block_keypoints, coverage_reward
+
+__all__ = [
+    "PUSHT_URL",
+    "DatasetError",
+    "DatasetNotFoundError",
+    "DeltaTimestampsError",
+    "EpisodeDataset",
+    "StepBatchSampler",
+    "block_coverage",
+    "block_keypoints",
+    "collate_batch",
+    "convert_pusht_zarr",
+    "coverage_reward",
+    "default_cache_dir",
+    "find_pusht_source",
+    "make_dataloader",
+    "make_dataset",
+    "prepare_pusht",
+    "split_episodes",
+]

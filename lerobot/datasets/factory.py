@@ -1,0 +1,190 @@
+"""Build the dataset for a config (episode split, feature selection) and a resumable, seeded DataLoader.
+
+Data order: batch `s` (the global training step) is fixed by `(seed, s)` alone. Epoch `e = s // steps_per_epoch`
+shuffles all items with a numpy generator seeded by `(seed, e)`, and step `s` takes slice
+`s % steps_per_epoch` of that permutation. A run resumed at step `k` calls
+`make_dataloader(..., seed=seed, start_step=k, num_steps=total_steps - k)` and receives exactly the batches an
+uninterrupted run would have seen from step `k` on, whatever `num_workers` is; nothing from the old
+DataLoader (generator state, iterator position) needs to be saved.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from lerobot.config import ConfigError, DatasetConfig, EnvConfig
+from lerobot.constants import ACTION
+from lerobot.datasets.episode_dataset import EpisodeDataset, collate_batch
+from lerobot.datasets.pusht_import import prepare_pusht
+
+SPLITS = ("train", "val")
+
+
+def split_episodes(num_episodes: int, val_fraction: float, split_seed: int) -> tuple[list[int], list[int]]:
+    """Split episode indices into sorted (train, val) lists, seeded; whole episodes go to one side.
+
+    `round(val_fraction * num_episodes)` episodes (at least 1 when `val_fraction > 0`) go to validation.
+    """
+    if not 0.0 <= val_fraction < 1.0:
+        raise ConfigError(f"dataset.val_fraction={val_fraction} must lie in [0, 1)")
+    n_val = round(val_fraction * num_episodes)
+    if val_fraction > 0:
+        n_val = max(1, n_val)
+    if n_val >= num_episodes:
+        raise ConfigError(
+            f"dataset.val_fraction={val_fraction} leaves no training episode out of {num_episodes}"
+        )
+    order = np.random.default_rng(split_seed).permutation(num_episodes)
+    return sorted(order[n_val:].tolist()), sorted(order[:n_val].tolist())
+
+
+def make_dataset(
+    dataset_cfg: DatasetConfig,
+    env_cfg: EnvConfig,
+    delta_timestamps: Mapping[str, Sequence[float]] | None = None,
+    split: str = "train",
+    keys: Sequence[str] | None = None,
+) -> EpisodeDataset:
+    """The offline dataset of the env's task, restricted to the env's features and one split.
+
+    Finds/downloads and converts the data on first use (see `lerobot.datasets.pusht_import`).
+
+    Args:
+        dataset_cfg: where the data lives, `val_fraction`, `split_seed`.
+        env_cfg: the env whose features (names and shapes) the dataset must provide, plus `action`.
+        delta_timestamps: feature -> offsets in seconds (see `EpisodeDataset`).
+        split: "train" or "val". Both use statistics of the training episodes.
+        keys: extra features to load, e.g. `next.reward`, `next.done` for RL.
+    """
+    if split not in SPLITS:
+        raise ConfigError(f"split={split!r}: expected one of {SPLITS}")
+    if not env_cfg.name.startswith("pusht"):
+        raise ConfigError(
+            f"env {env_cfg.name!r} has no offline dataset; demonstrations exist for PushT envs only"
+        )
+    root = prepare_pusht(dataset_cfg)
+    wanted = list(dict.fromkeys([*env_cfg.features, ACTION, *(keys or [])]))
+    probe = EpisodeDataset(root, keys=wanted)
+    for key, feature in env_cfg.features.items():
+        if tuple(feature.shape) != probe.features[key]:
+            raise ConfigError(
+                f"env.features.{key}.shape={list(feature.shape)} but the dataset at {root} has {list(probe.features[key])}"
+            )
+    if env_cfg.fps != probe.fps:
+        raise ConfigError(f"env.fps={env_cfg.fps} but the dataset at {root} was recorded at {probe.fps} fps")
+    train, val = split_episodes(probe.meta["num_episodes"], dataset_cfg.val_fraction, dataset_cfg.split_seed)
+    if split == "val" and not val:
+        raise ConfigError("split='val' needs dataset.val_fraction > 0")
+    return EpisodeDataset(
+        root,
+        delta_timestamps=delta_timestamps,
+        episodes=train if split == "train" else val,
+        keys=wanted,
+        stats_episodes=train,
+    )
+
+
+class StepBatchSampler(Sampler[list[int]]):
+    """Batches of item indices addressed by global step; batch `s` depends only on `(seed, s)`.
+
+    Args:
+        num_samples: dataset length.
+        batch_size: items per batch.
+        seed: data-order seed.
+        shuffle: permute items each epoch (else sequential order).
+        drop_last: drop each epoch's incomplete last batch (so every batch has `batch_size` items).
+        start_step: first step to yield.
+        num_steps: how many steps to yield, crossing epochs as needed; None: until the end of the epoch that
+            contains `start_step` (from step 0 that is one ordinary epoch).
+    """
+
+    def __init__(
+        self,
+        num_samples: int,
+        batch_size: int,
+        seed: int,
+        shuffle: bool = True,
+        drop_last: bool = True,
+        start_step: int = 0,
+        num_steps: int | None = None,
+    ):
+        if batch_size < 1:
+            raise ValueError(f"batch_size={batch_size} must be >= 1")
+        if start_step < 0 or (num_steps is not None and num_steps < 0):
+            raise ValueError(f"start_step={start_step} and num_steps={num_steps} must be >= 0")
+        self.num_samples, self.batch_size, self.seed = num_samples, batch_size, seed
+        self.shuffle, self.drop_last = shuffle, drop_last
+        self.steps_per_epoch = num_samples // batch_size if drop_last else -(-num_samples // batch_size)
+        if self.steps_per_epoch < 1:
+            raise ValueError(f"{num_samples} samples make no full batch of {batch_size} (drop_last=True)")
+        self.start_step = start_step
+        if num_steps is None:
+            num_steps = (start_step // self.steps_per_epoch + 1) * self.steps_per_epoch - start_step
+        self.num_steps = num_steps
+        self._epoch, self._order = -1, np.arange(num_samples)
+
+    def order(self, epoch: int) -> np.ndarray:
+        """Item order (num_samples,) of `epoch`."""
+        if epoch != self._epoch:
+            self._epoch = epoch
+            if self.shuffle:
+                self._order = np.random.default_rng([self.seed, epoch]).permutation(self.num_samples)
+        return self._order
+
+    def batch(self, step: int) -> list[int]:
+        """Item indices of global step `step`."""
+        epoch, slot = divmod(step, self.steps_per_epoch)
+        return self.order(epoch)[slot * self.batch_size : (slot + 1) * self.batch_size].tolist()
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for step in range(self.start_step, self.start_step + self.num_steps):
+            yield self.batch(step)
+
+    def __len__(self) -> int:
+        return self.num_steps
+
+
+def make_dataloader(
+    dataset: Dataset,
+    batch_size: int,
+    num_workers: int = 0,
+    shuffle: bool = True,
+    seed: int = 0,
+    drop_last: bool = True,
+    pin_memory: bool = False,
+    start_step: int = 0,
+    num_steps: int | None = None,
+) -> DataLoader:
+    """A DataLoader whose batches are fixed by `(seed, step)` (see `StepBatchSampler` and the module doc).
+
+    Args:
+        dataset: an `EpisodeDataset` (batched `__getitems__`) or any map-style dataset.
+        batch_size, num_workers, shuffle, drop_last, pin_memory: as in `torch.utils.data.DataLoader`.
+        seed: data-order seed.
+        start_step: first global step to produce (resume at step k: `start_step=k`).
+        num_steps: number of batches to produce (may span epochs); None: to the end of the current epoch.
+
+    Returns:
+        A DataLoader yielding dicts of batched tensors (B, ...), `len()` = number of batches.
+    """
+    sampler = StepBatchSampler(
+        len(dataset),
+        batch_size,
+        seed,
+        shuffle=shuffle,
+        drop_last=drop_last,
+        start_step=start_step,
+        num_steps=num_steps,
+    )
+    return DataLoader(
+        dataset,
+        batch_sampler=sampler,
+        num_workers=num_workers,
+        collate_fn=collate_batch,
+        pin_memory=pin_memory and torch.cuda.is_available(),
+        persistent_workers=False,
+    )

@@ -1,0 +1,508 @@
+"""Find, fetch, check and convert Diffusion Policy's PushT demonstrations into the project's format.
+
+Source resolution (first match wins; see `find_pusht_source`):
+
+1. `dataset.root` in the config, if set: a directory holding `pusht_cchi_v7_replay.zarr` or `pusht.zip`
+   (or the `.zarr` directory itself). Set but empty is an error, never a silent download.
+2. `$LEROBOT_DATA_ROOT`, if set: the same.
+3. The cache, `<cache>/pusht/` with `<cache>` = `dataset.cache_dir`, else `$XDG_CACHE_HOME/lerobot`, else
+   `~/.cache/lerobot`: an unpacked zarr, a `pusht.zip` placed there, an earlier conversion, or else a download
+   of `PUSHT_URL` (progress bar, zip CRC check, array check) into that directory.
+
+The converted dataset goes to `<cache>/pusht/v1/` (see `lerobot.datasets.format`). It records a fingerprint of
+the source (episode boundaries, states and actions); a later call with the same source reuses it, a different
+source replaces it. Every write goes to a temporary sibling directory renamed into place at the end, so an
+interrupted run leaves no directory that looks like a dataset; leftovers of dead processes are removed.
+
+Frame semantics of the derived features, for the frame `t` of an episode with frames `0..T-1`:
+
+- `observation.environment_state[t]`: keypoints of the block pose recorded at `t` (what the env shows).
+- `next.reward[t]`, `next.success[t]`: the env's coverage rule on the pose at `t + 1`, i.e. the state reached
+  after `action[t]`, which is what `env.step(action[t])` returns. The last frame has no recorded successor
+  and uses its own pose (an approximation: at episode ends the block still moves ~2 px per step).
+  The human demonstrations stop short of the env's success rule: their best coverage is 0.77-0.90 per
+  episode (median 0.85), so `next.success` is False on every frame of the original data. This was checked
+  against the recorded images: rendering the env at the recorded pose reproduces them (mean abs. pixel
+  difference ~0.1), so the pose convention and the goal are the env's.
+- `next.done[t]`: True only on the last frame of each episode.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import time
+import urllib.error
+import urllib.request
+import uuid
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from safetensors.numpy import save_file
+from tqdm import tqdm
+
+from lerobot.config import DatasetConfig
+from lerobot.constants import (
+    ACTION,
+    DATA_ROOT_ENV,
+    NEXT_DONE,
+    NEXT_REWARD,
+    NEXT_SUCCESS,
+    OBS_ENV_STATE,
+    OBS_IMAGE,
+    OBS_STATE,
+)
+from lerobot.datasets.format import (
+    EPISODE_INDEX,
+    EPISODE_STATS_FILE,
+    FORMAT_VERSION,
+    FRAME_INDEX,
+    META_FILE,
+    STATS_FILE,
+    TIMESTAMP,
+    DatasetError,
+    DatasetNotFoundError,
+    combine_stats,
+    feature_file,
+    read_meta,
+    stack_episode_stats,
+    sufficient_stats,
+    uint8_channel_stats,
+    write_json_atomic,
+)
+from lerobot.datasets.pusht_rules import block_keypoints, coverage_reward
+
+PUSHT_URL = "https://diffusion-policy.cs.columbia.edu/data/training/pusht.zip"
+ZARR_NAME = "pusht_cchi_v7_replay.zarr"
+ZIP_NAME = "pusht.zip"
+PUSHT_FPS = 10
+CONVERTED_NAME = f"v{FORMAT_VERSION}"
+
+# Arrays the conversion reads, with the trailing shape each must have (None: any size, e.g. image H/W).
+REQUIRED_ARRAYS: dict[str, tuple[int | None, ...]] = {
+    "data/img": (None, None, 3),
+    "data/state": (5,),
+    "data/action": (2,),
+    "meta/episode_ends": (),
+}
+
+# Images are converted this many frames at a time: large enough to amortize zarr's per-call overhead,
+# small enough (~180 MB of float32 at 96x96) to stay out of memory trouble.
+_IMAGE_BLOCK = 1600
+
+
+def default_cache_dir(dataset_cfg: DatasetConfig | None = None) -> Path:
+    """`dataset.cache_dir`, else `$XDG_CACHE_HOME/lerobot`, else `~/.cache/lerobot`."""
+    if dataset_cfg is not None and dataset_cfg.cache_dir:
+        return Path(dataset_cfg.cache_dir).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "lerobot"
+
+
+def pusht_cache_dir(dataset_cfg: DatasetConfig | None = None) -> Path:
+    """Directory for PushT's download, unpacked source and conversion: `<cache>/pusht`."""
+    return default_cache_dir(dataset_cfg) / "pusht"
+
+
+# ----------------------------------------------------------------------------------------------- sources
+
+
+def _zarr_in(directory: Path) -> Path | None:
+    """The PushT zarr inside `directory` (or `directory` itself if it is one), else None."""
+    if directory.suffix == ".zarr" and directory.is_dir():
+        return directory
+    candidate = directory / ZARR_NAME
+    return candidate if candidate.is_dir() else None
+
+
+def find_pusht_source(dataset_cfg: DatasetConfig, download: bool = True, url: str = PUSHT_URL) -> Path | None:
+    """Locate (unpacking or downloading if needed) the PushT zarr; return its path.
+
+    Returns None only when no source exists but a converted dataset is already in the cache (and no
+    explicit root is configured), since the conversion is then all that is needed.
+
+    Raises:
+        DatasetNotFoundError: a configured root holds no data, or nothing is cached and the download failed.
+    """
+    cache = pusht_cache_dir(dataset_cfg)
+    explicit = [("dataset.root", dataset_cfg.root), (f"${DATA_ROOT_ENV}", os.environ.get(DATA_ROOT_ENV))]
+    for setting, value in explicit:
+        if not value:
+            continue
+        directory = Path(value).expanduser()
+        if (found := _zarr_in(directory)) is not None:
+            return found
+        if (directory / ZIP_NAME).is_file():
+            return extract_pusht_zip(directory / ZIP_NAME, cache)
+        raise DatasetNotFoundError(
+            f"{setting}={value}: no {ZARR_NAME} or {ZIP_NAME} in {directory}; point {setting} at the "
+            f"directory holding one (download: {PUSHT_URL})"
+        )
+    if (found := _zarr_in(cache)) is not None:
+        return found
+    if (cache / ZIP_NAME).is_file():
+        return extract_pusht_zip(cache / ZIP_NAME, cache)
+    if (cache / CONVERTED_NAME / META_FILE).is_file():
+        return None
+    if not download:
+        raise DatasetNotFoundError(_not_found_message(cache, "downloads are disabled"))
+    zip_path = download_pusht(cache, url)
+    return extract_pusht_zip(zip_path, cache)
+
+
+def _not_found_message(cache: Path, reason: str) -> str:
+    return (
+        f"PushT demonstrations not found and not downloadable ({reason}). Either put {ZIP_NAME} or "
+        f"{ZARR_NAME} (from {PUSHT_URL}) in {cache}, or set dataset.root or ${DATA_ROOT_ENV} to a directory "
+        f"holding {ZARR_NAME}"
+    )
+
+
+def download_pusht(cache: Path, url: str = PUSHT_URL, timeout_s: float = 30.0) -> Path:
+    """Download the PushT archive into `cache/pusht.zip` with a progress bar; check it; return its path.
+
+    The bytes go to a `.part` file renamed only after the zip's CRCs check out, so an interrupted
+    download is never mistaken for the archive.
+    """
+    cache.mkdir(parents=True, exist_ok=True)
+    final = cache / ZIP_NAME
+    _remove_stale_temps(cache, ZIP_NAME)
+    part = cache / f".{ZIP_NAME}.part-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response, open(part, "wb") as out:
+            total = int(response.headers.get("Content-Length") or 0) or None
+            with tqdm(total=total, unit="B", unit_scale=True, desc=f"downloading {url}") as bar:
+                while block := response.read(1 << 20):
+                    out.write(block)
+                    bar.update(len(block))
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        part.unlink(missing_ok=True)
+        raise DatasetNotFoundError(_not_found_message(cache, f"download of {url} failed: {e}")) from None
+    try:
+        check_zip(part)
+    except DatasetError:
+        part.unlink(missing_ok=True)
+        raise
+    os.replace(part, final)
+    return final
+
+
+def check_zip(zip_path: Path) -> None:
+    """Raise `DatasetError` unless `zip_path` is a complete zip archive containing the PushT zarr."""
+    try:
+        with zipfile.ZipFile(zip_path) as zf:
+            bad = zf.testzip()
+            names = zf.namelist()
+    except (zipfile.BadZipFile, OSError, EOFError) as e:
+        raise DatasetError(f"{zip_path}: not a readable zip archive ({e}); delete it and retry") from None
+    if bad is not None:
+        raise DatasetError(f"{zip_path}: corrupt member {bad!r} (CRC mismatch); delete it and retry")
+    if not any(f"{ZARR_NAME}/" in name for name in names):
+        raise DatasetError(f"{zip_path}: archive holds no {ZARR_NAME}")
+
+
+def extract_pusht_zip(zip_path: Path, cache: Path) -> Path:
+    """Unpack the zarr from `zip_path` into `cache/pusht_cchi_v7_replay.zarr` (atomically); return it."""
+    target = cache / ZARR_NAME
+    if target.is_dir():
+        return target
+    check_zip(zip_path)
+    cache.mkdir(parents=True, exist_ok=True)
+    _remove_stale_temps(cache, ZARR_NAME)
+    tmp = cache / f".{ZARR_NAME}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        with zipfile.ZipFile(zip_path) as zf:
+            zf.extractall(tmp)
+        found = sorted(p for p in tmp.rglob(ZARR_NAME) if p.is_dir())
+        if not found:
+            raise DatasetError(f"{zip_path}: archive holds no {ZARR_NAME} directory")
+        open_pusht_zarr(found[0])
+        try:
+            os.rename(found[0], target)
+        except OSError:
+            # Another process unpacked it first; theirs is as good as ours.
+            if not target.is_dir():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+# ------------------------------------------------------------------------------------------- validation
+
+
+def open_pusht_zarr(path: Path) -> dict[str, Any]:
+    """Open the PushT zarr read-only and check it; return {array name: zarr array}.
+
+    Checks: the store opens, every required array exists with the expected trailing shape, all arrays have
+    the same number of frames, every chunk is stored (zarr would silently fill missing chunks with zeros),
+    and `meta/episode_ends` increases strictly to the frame count.
+
+    Raises:
+        DatasetError: naming the store or array and the problem.
+    """
+    import zarr
+
+    path = Path(path)
+    try:
+        group = zarr.open_group(str(path), mode="r")
+    except Exception as e:  # zarr raises several unrelated types for a bad store
+        raise DatasetError(f"{path}: not a readable zarr store ({type(e).__name__}: {e})") from None
+    arrays = {}
+    for name, trailing in REQUIRED_ARRAYS.items():
+        try:
+            arr = group[name]
+        except KeyError:
+            raise DatasetError(
+                f"{path}: missing array {name!r} (required: {sorted(REQUIRED_ARRAYS)})"
+            ) from None
+        except Exception as e:
+            raise DatasetError(
+                f"{path}/{name}: unreadable array metadata ({type(e).__name__}: {e})"
+            ) from None
+        if not hasattr(arr, "shape") or len(arr.shape) != 1 + len(trailing):
+            raise DatasetError(
+                f"{path}/{name}: expected {1 + len(trailing)} dimensions, got shape {arr.shape}"
+            )
+        if any(want is not None and got != want for want, got in zip(trailing, arr.shape[1:])):
+            raise DatasetError(f"{path}/{name}: shape {arr.shape} does not end with {trailing}")
+        if arr.nchunks_initialized != arr.nchunks:
+            raise DatasetError(
+                f"{path}/{name}: {arr.nchunks - arr.nchunks_initialized} of {arr.nchunks} chunks are missing "
+                "(truncated copy?)"
+            )
+        arrays[name] = arr
+    lengths = {name: arr.shape[0] for name, arr in arrays.items() if name.startswith("data/")}
+    if len(set(lengths.values())) != 1:
+        raise DatasetError(f"{path}: arrays have different numbers of frames: {lengths}")
+    num_frames = next(iter(lengths.values()))
+    ends = _read(path, "meta/episode_ends", arrays["meta/episode_ends"])
+    if not np.issubdtype(ends.dtype, np.integer):
+        raise DatasetError(f"{path}/meta/episode_ends: expected integers, got {ends.dtype}")
+    if len(ends) == 0 or ends[0] <= 0 or np.any(np.diff(ends) <= 0) or ends[-1] != num_frames:
+        raise DatasetError(
+            f"{path}/meta/episode_ends: must increase strictly from > 0 to the frame count {num_frames}; "
+            f"got {len(ends)} ends, first {ends[:1].tolist()}, last {ends[-1:].tolist()}"
+        )
+    return arrays
+
+
+def _read(path: Path, name: str, arr: Any, sel: slice = slice(None)) -> np.ndarray:
+    """Read `arr[sel]`, turning codec/IO failures into a `DatasetError` naming the array and frames."""
+    try:
+        return np.asarray(arr[sel])
+    except Exception as e:
+        where = "" if sel == slice(None) else f" frames {sel.start}..{sel.stop - 1}"
+        raise DatasetError(
+            f"{path}/{name}:{where} corrupt or truncated chunk ({type(e).__name__}: {e})"
+        ) from None
+
+
+def source_fingerprint(arrays: dict[str, Any], path: Path) -> str:
+    """sha256 of the format version, episode boundaries, states and actions (images are not hashed: ~3 GB)."""
+    digest = hashlib.sha256(f"pusht-v{FORMAT_VERSION}".encode())
+    for name in ("meta/episode_ends", "data/state", "data/action"):
+        data = _read(path, name, arrays[name])
+        digest.update(f"{name}{data.shape}{data.dtype}".encode())
+        digest.update(np.ascontiguousarray(data).tobytes())
+    return digest.hexdigest()
+
+
+# ------------------------------------------------------------------------------------------- conversion
+
+
+def prepare_pusht(dataset_cfg: DatasetConfig, download: bool = True, url: str = PUSHT_URL) -> Path:
+    """Return the converted PushT dataset directory, finding/downloading and converting the source if needed.
+
+    Fast when the conversion is already there (reads the small arrays to check the fingerprint).
+    """
+    source = find_pusht_source(dataset_cfg, download=download, url=url)
+    out_dir = pusht_cache_dir(dataset_cfg) / CONVERTED_NAME
+    if source is None:
+        read_meta(out_dir)
+        return out_dir
+    return convert_pusht_zarr(source, out_dir)
+
+
+def _is_current(out_dir: Path, fingerprint: str) -> bool:
+    try:
+        meta = read_meta(out_dir)
+    except (DatasetError, DatasetNotFoundError):
+        return False
+    return meta.get("source", {}).get("fingerprint") == fingerprint
+
+
+def _remove_stale_temps(parent: Path, name: str) -> None:
+    """Delete temp/old directories of `name` left by processes that no longer run (crashes, kills)."""
+    for leftover in parent.glob(f".{name}.*-*-*"):
+        try:
+            pid = int(leftover.name.split("-")[1])
+        except (IndexError, ValueError):
+            continue
+        if pid != os.getpid() and not _pid_alive(pid):
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def convert_pusht_zarr(zarr_path: Path, out_dir: Path, force: bool = False) -> Path:
+    """Convert the PushT zarr at `zarr_path` into the project's format at `out_dir`; return `out_dir`.
+
+    Idempotent: if `out_dir` already holds a conversion of the same source (same fingerprint), nothing is
+    done unless `force`. Atomic: everything is written to `.{name}.tmp-<pid>-<id>` beside `out_dir` and
+    renamed into place; an existing conversion of another source is swapped out the same way.
+
+    Raises:
+        DatasetError: the source is malformed (missing arrays, mismatched lengths, corrupt chunks, ...).
+    """
+    zarr_path, out_dir = Path(zarr_path), Path(out_dir)
+    arrays = open_pusht_zarr(zarr_path)
+    fingerprint = source_fingerprint(arrays, zarr_path)
+    if not force and _is_current(out_dir, fingerprint):
+        return out_dir
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_temps(out_dir.parent, out_dir.name)
+    tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        t0 = time.perf_counter()
+        _write_converted(arrays, zarr_path, tmp, fingerprint)
+        seconds = time.perf_counter() - t0
+        _install(tmp, out_dir, fingerprint)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"converted {zarr_path} -> {out_dir} in {seconds:.1f} s")
+    return out_dir
+
+
+def _install(tmp: Path, out_dir: Path, fingerprint: str) -> None:
+    """Rename the finished `tmp` to `out_dir`, replacing an outdated conversion; tolerate a racing twin."""
+    old = None
+    if out_dir.exists():
+        if _is_current(out_dir, fingerprint):
+            return  # another process finished the same conversion meanwhile
+        old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        os.rename(out_dir, old)
+    try:
+        os.rename(tmp, out_dir)
+    except OSError:
+        if not _is_current(out_dir, fingerprint):
+            raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _write_converted(arrays: dict[str, Any], src: Path, out: Path, fingerprint: str) -> None:
+    """Write every feature array, the statistics and (last) `meta.json` into the directory `out`."""
+    ends = _read(src, "meta/episode_ends", arrays["meta/episode_ends"]).astype(np.int64)
+    state = _read(src, "data/state", arrays["data/state"]).astype(np.float64)
+    action = _read(src, "data/action", arrays["data/action"])
+    for name, values in (("data/state", state), ("data/action", action)):
+        if not np.all(np.isfinite(values)):
+            raise DatasetError(f"{src}/{name}: contains NaN or infinite values")
+    num_frames, num_episodes = int(ends[-1]), len(ends)
+    starts = np.concatenate([[0], ends[:-1]])
+    lengths = ends - starts
+    episode_index = np.repeat(np.arange(num_episodes), lengths)
+    frame_index = np.arange(num_frames) - starts[episode_index]
+
+    # The state after action t is the recorded state t + 1 of the same episode; the last frame of an
+    # episode has no successor and keeps its own pose.
+    next_frame = np.minimum(np.arange(num_frames) + 1, ends[episode_index] - 1)
+    reward, success = coverage_reward(state[next_frame, 2:5])
+    done = np.zeros(num_frames, dtype=bool)
+    done[ends - 1] = True
+
+    low_dim = {
+        OBS_STATE: state[:, :2].astype(np.float32),
+        OBS_ENV_STATE: block_keypoints(state[:, 2:5]).astype(np.float32),
+        ACTION: action.astype(np.float32),
+        NEXT_REWARD: reward.astype(np.float32),
+        NEXT_SUCCESS: success,
+        NEXT_DONE: done,
+    }
+    bookkeeping = {
+        EPISODE_INDEX: episode_index.astype(np.int64),
+        FRAME_INDEX: frame_index.astype(np.int64),
+        TIMESTAMP: (frame_index / PUSHT_FPS).astype(np.float32),
+    }
+    for key, values in {**low_dim, **bookkeeping}.items():
+        np.save(feature_file(out, key), values)
+
+    image_shape, image_stats = _write_images(arrays["data/img"], src, out, starts, ends)
+    per_episode = {
+        key: [sufficient_stats(values[s:e]) for s, e in zip(starts, ends)] for key, values in low_dim.items()
+    }
+    per_episode[OBS_IMAGE] = image_stats
+    stacked = {key: stack_episode_stats(eps) for key, eps in per_episode.items()}
+    save_file(
+        {f"{key}/{name}": arr for key, st in stacked.items() for name, arr in st.items()},
+        out / EPISODE_STATS_FILE,
+    )
+    everything = np.arange(num_episodes)
+    readable = {
+        key: {k: v.tolist() for k, v in combine_stats(st, everything).items()} for key, st in stacked.items()
+    }
+    write_json_atomic(out / STATS_FILE, readable)
+
+    features = {OBS_IMAGE: {"shape": list(image_shape), "dtype": "uint8", "kind": "visual"}}
+    kinds = {OBS_STATE: "state", OBS_ENV_STATE: "env_state", ACTION: "action"}
+    for key, values in {**low_dim, **bookkeeping}.items():
+        features[key] = {
+            "shape": list(values.shape[1:]),
+            "dtype": str(values.dtype),
+            "kind": kinds.get(key, "other"),
+        }
+    meta = {
+        "format_version": FORMAT_VERSION,
+        "name": "pusht",
+        "fps": PUSHT_FPS,
+        "num_frames": num_frames,
+        "num_episodes": num_episodes,
+        "episode_ends": ends.tolist(),
+        "features": features,
+        "source": {"path": str(src), "fingerprint": fingerprint, "url": PUSHT_URL},
+        "notes": {
+            OBS_ENV_STATE: "gym-pusht keypoints of the block pose recorded at this frame",
+            NEXT_REWARD: "coverage reward of the next frame's block pose (own pose on an episode's last frame)",
+            NEXT_SUCCESS: "coverage > 0.95 for the same pose as next.reward",
+            NEXT_DONE: "True on the last frame of each episode",
+        },
+    }
+    write_json_atomic(out / META_FILE, meta)
+
+
+def _write_images(
+    img: Any, src: Path, out: Path, starts: np.ndarray, ends: np.ndarray
+) -> tuple[tuple[int, ...], list[dict[str, np.ndarray]]]:
+    """Stream float 0-255 (N, H, W, 3) images into a uint8 (N, 3, H, W) `.npy`; return shape and episode stats.
+
+    Channel-first uint8 is what a batch needs after a single float conversion, with no transpose per item.
+    """
+    num_frames, height, width, channels = img.shape
+    dest = np.lib.format.open_memmap(
+        feature_file(out, OBS_IMAGE), mode="w+", dtype=np.uint8, shape=(num_frames, channels, height, width)
+    )
+    block = max(img.chunks[0], _IMAGE_BLOCK // img.chunks[0] * img.chunks[0])
+    for lo in tqdm(range(0, num_frames, block), desc="converting images", unit="block", leave=False):
+        hi = min(lo + block, num_frames)
+        frames = _read(src, "data/img", img, slice(lo, hi))
+        if not (np.all(frames >= 0.0) and np.all(frames <= 255.0)):
+            raise DatasetError(f"{src}/data/img: frames {lo}..{hi - 1} hold values outside 0-255 (or NaN)")
+        dest[lo:hi] = np.rint(frames).astype(np.uint8).transpose(0, 3, 1, 2)
+    dest.flush()
+    stats = [uint8_channel_stats(dest[s:e]) for s, e in zip(starts, ends)]
+    del dest
+    return (channels, height, width), stats
