@@ -1,0 +1,393 @@
+"""Diffusion Policy: config, shapes, sampling, alignment, loss masking, checkpoints, learning (tiny configs)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+
+from lerobot.config import ConfigError, EnvConfig, FeatureConfig
+from lerobot.policies.diffusion.configuration import DiffusionConfig
+from lerobot.policies.diffusion.modeling import DiffusionPolicy, edge_pad_actions
+from lerobot.policies.diffusion.vision import RgbEncoder, SpatialSoftmax, center_crop, random_crop
+from lerobot.policies.factory import make_policy, make_policy_config
+
+STATE = FeatureConfig(shape=[2], kind="state", low=[0.0, 0.0], high=[512.0, 512.0])
+ACTION = FeatureConfig(shape=[2], kind="action", low=[0.0, 0.0], high=[512.0, 512.0])
+IMAGE = FeatureConfig(shape=[3, 32, 32], kind="visual")
+REPO_ROOT = Path(__file__).resolve().parents[1]
+KEYPOINTS = FeatureConfig(shape=[4], kind="env_state", low=[0.0], high=[512.0])
+
+
+def image_config(**overrides) -> DiffusionConfig:
+    """Images 3x32x32 cropped to 28x28, a 2-level U-Net of width 16/32, 10 diffusion steps."""
+    fields = dict(
+        input_features={"observation.image": IMAGE, "observation.state": STATE},
+        output_features={"action": ACTION},
+        down_dims=[16, 32],
+        diffusion_step_embed_dim=16,
+        spatial_softmax_num_keypoints=4,
+        crop_shape=[28, 28],
+        num_train_timesteps=10,
+    )
+    return DiffusionConfig(**{**fields, **overrides})
+
+
+def keypoint_config(**overrides) -> DiffusionConfig:
+    """Low-dimensional: 4 'keypoint' numbers plus the state, horizon 8, a 2-level U-Net of width 32/64."""
+    fields = dict(
+        input_features={"observation.environment_state": KEYPOINTS, "observation.state": STATE},
+        output_features={"action": ACTION},
+        down_dims=[32, 64],
+        diffusion_step_embed_dim=32,
+        horizon=8,
+        n_action_steps=4,
+        num_train_timesteps=50,
+    )
+    return DiffusionConfig(**{**fields, **overrides})
+
+
+def stats_for(config: DiffusionConfig) -> dict[str, dict[str, Tensor]]:
+    stats = {}
+    for key, feature in {**config.input_features, **config.output_features}.items():
+        if feature.kind == "visual":
+            stats[key] = {"mean": torch.full((3, 1, 1), 0.4), "std": torch.full((3, 1, 1), 0.25)}
+        else:
+            stats[key] = {"min": torch.zeros(feature.shape), "max": torch.full(feature.shape, 512.0)}
+    return stats
+
+
+def obs_batch(config: DiffusionConfig, batch_size: int, seed: int = 0) -> dict[str, Tensor]:
+    """Random observations (B, n_obs_steps, ...) for every input feature of `config`."""
+    g = torch.Generator().manual_seed(seed)
+    batch = {}
+    for key, feature in config.input_features.items():
+        shape = (batch_size, config.n_obs_steps, *feature.shape)
+        batch[key] = torch.rand(shape, generator=g) * (1.0 if feature.kind == "visual" else 512.0)
+    return batch
+
+
+def train_batch(config: DiffusionConfig, batch_size: int, seed: int = 0) -> dict[str, Tensor]:
+    g = torch.Generator().manual_seed(seed + 1)
+    batch = obs_batch(config, batch_size, seed)
+    batch["action"] = torch.rand(batch_size, config.horizon, config.action_dim, generator=g) * 512
+    batch["action_is_pad"] = torch.zeros(batch_size, config.horizon, dtype=torch.bool)
+    return batch
+
+
+# ---------------------------------------------------------------------- configuration
+def test_delta_timestamps_and_modality_defaults():
+    config = DiffusionConfig(
+        input_features={
+            "observation.image": FeatureConfig([3, 96, 96], "visual"),
+            "observation.state": STATE,
+        },
+        output_features={"action": ACTION},
+    )
+    config.validate()
+    assert (config.down_dims, config.batch_size) == ([512, 1024, 2048], 64)
+    deltas = config.delta_timestamps(10)
+    assert deltas["observation.image"] == deltas["observation.state"] == [-0.1, 0.0]
+    assert deltas["action"] == pytest.approx([i / 10 for i in range(-1, 15)])
+    assert deltas["action"][0] == -0.1 and deltas["action"][-1] == pytest.approx(1.4)
+
+    low_dim = keypoint_config(down_dims=None, horizon=16, n_action_steps=8)
+    low_dim.validate()
+    assert (low_dim.down_dims, low_dim.batch_size) == ([256, 512, 1024], 256)
+    assert set(low_dim.delta_timestamps(10)) == {
+        "observation.environment_state",
+        "observation.state",
+        "action",
+    }
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (dict(output_features={}), "no output"),
+        (dict(output_features={"action": ACTION, "action2": ACTION}), "exactly one action feature"),
+        (dict(input_features={"observation.image": IMAGE}), "'state'"),
+        (dict(input_features={"observation.state": STATE}), "a visual input or an env_state input"),
+        (dict(horizon=8, n_action_steps=8), "horizon=8 must be >= n_action_steps"),
+        (dict(horizon=18, down_dims=[16, 32, 64]), "divisible by 2\\*\\*\\(len\\(down_dims\\)-1\\)=4"),
+        (dict(crop_shape=[40, 28]), "does not fit in the image"),
+        (dict(inference_scheduler="Euler"), "inference_scheduler='Euler'"),
+        (dict(num_inference_steps=11), "num_inference_steps=11"),
+        (dict(down_dims=[12, 32]), "n_groups=8 must divide"),
+        (dict(kernel_size=4), "kernel_size=4 must be odd"),
+        (dict(pretrained_backbone_weights="IMAGENET1K_V1"), "use_group_norm=false"),
+        (dict(normalization_mapping={"visual": "zscore"}), "normalization_mapping.visual='zscore'"),
+    ],
+)
+def test_config_errors(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        image_config(**overrides).validate()
+
+
+def test_yaml_and_factory_build_both_paper_configs():
+    """`configs/policy/diffusion.yaml` with both PushT envs; built on the meta device to count parameters."""
+    section = OmegaConf.load(REPO_ROOT / "configs/policy/diffusion.yaml")
+    counts = {}
+    for env_name in ("pusht", "pusht_keypoints"):
+        env_yaml = OmegaConf.load(REPO_ROOT / f"configs/env/{env_name}.yaml")
+        env = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(EnvConfig), env_yaml))
+        config = make_policy_config(section, env)
+        with torch.device("meta"):
+            policy = make_policy(config)
+        assert isinstance(policy, DiffusionPolicy)
+        counts[env_name] = sum(p.numel() for p in policy.parameters())
+    # The paper's CNN-based image policy has about 260M parameters (ResNet-18 11.2M + U-Net 251.5M).
+    assert 255e6 < counts["pusht"] < 270e6
+    assert 60e6 < counts["pusht_keypoints"] < 66e6
+
+
+# ---------------------------------------------------------------------- vision
+def test_spatial_softmax_finds_the_peak():
+    pool = SpatialSoftmax((1, 5, 7), num_keypoints=1)
+    with torch.no_grad():
+        pool.keypoint_proj.weight.fill_(1.0)
+        pool.keypoint_proj.bias.zero_()
+    features = torch.zeros(2, 1, 5, 7)
+    features[0, 0, 0, 6] = 50.0  # top-right: x=+1, y=-1
+    features[1, 0, 2, 3] = 50.0  # center
+    torch.testing.assert_close(pool(features), torch.tensor([[[1.0, -1.0]], [[0.0, 0.0]]]), atol=1e-4, rtol=0)
+
+
+def test_crops_and_group_norm_encoder():
+    images = torch.arange(2 * 3 * 10 * 12, dtype=torch.float32).view(2, 3, 10, 12)
+    crops = random_crop(images, (4, 5), generator=torch.Generator().manual_seed(0))
+    assert crops.shape == (2, 3, 4, 5)
+    for n in range(2):
+        # Each crop is a window of its own image: find its top-left corner from the first pixel.
+        top, left = divmod(int(crops[n, 0, 0, 0].item()) - n * 360, 12)
+        torch.testing.assert_close(crops[n], images[n, :, top : top + 4, left : left + 5])
+    torch.testing.assert_close(center_crop(images, (4, 6)), images[..., 3:7, 3:9])
+
+    encoder = RgbEncoder(image_config())
+    assert not any(isinstance(m, nn.BatchNorm2d) for m in encoder.modules())
+    assert any(isinstance(m, nn.GroupNorm) for m in encoder.modules())
+    x = torch.rand(3, 3, 32, 32)
+    encoder.eval()
+    torch.testing.assert_close(encoder(x), encoder(x))  # center crop: deterministic
+    assert encoder(x).shape == (3, encoder.feature_dim)
+
+
+# ---------------------------------------------------------------------- shapes
+@pytest.mark.parametrize("make_config", [image_config, keypoint_config])
+def test_forward_and_predict_shapes(make_config):
+    config = make_config()
+    policy = DiffusionPolicy(config, stats_for(config))
+    out = policy(train_batch(config, 3))
+    assert out["loss"].ndim == 0 and torch.isfinite(out["loss"])
+    out["loss"].backward()
+    assert all(p.grad is not None for p in policy.unet.parameters())
+    policy.eval()
+    chunk = policy.predict_action_chunk(obs_batch(config, 3))
+    assert chunk.shape == (3, config.horizon - config.n_obs_steps + 1, 2)
+    assert torch.isfinite(chunk).all()
+    # clip_sample keeps normalized actions in [-1, 1], i.e. within the statistics' [0, 512].
+    assert chunk.min() >= 0.0 and chunk.max() <= 512.0 + 1e-3
+
+
+def test_wrong_history_length_is_rejected():
+    config = keypoint_config()
+    policy = DiffusionPolicy(config, stats_for(config))
+    batch = obs_batch(config, 2)
+    batch["observation.state"] = batch["observation.state"][:, :1]
+    with pytest.raises(ValueError, match="n_obs_steps=2"):
+        policy.predict_action_chunk(batch)
+
+
+# ---------------------------------------------------------------------- sampling
+class OracleUnet(nn.Module):
+    """Predicts the exact noise for known clean actions `target` (B, horizon, A): a perfect denoiser."""
+
+    def __init__(self, scheduler, target: Tensor):
+        super().__init__()
+        self.alphas_cumprod = scheduler.alphas_cumprod
+        self.target = target
+        self.calls = 0
+
+    def forward(self, sample: Tensor, step: Tensor, global_cond: Tensor) -> Tensor:
+        self.calls += 1
+        alpha_bar = self.alphas_cumprod[step].view(-1, 1, 1)
+        return (sample - alpha_bar.sqrt() * self.target) / (1 - alpha_bar).sqrt()
+
+
+@pytest.mark.parametrize(("scheduler", "steps", "expected_calls"), [("DDPM", None, 10), ("DDIM", 3, 3)])
+def test_sampler_recovers_clean_actions_and_chunk_starts_now(scheduler, steps, expected_calls):
+    """With a perfect denoiser, sampling returns the clean horizon, sliced from index n_obs_steps - 1."""
+    config = image_config(inference_scheduler=scheduler, num_inference_steps=steps, n_obs_steps=3, horizon=16)
+    policy = DiffusionPolicy(config, stats_for(config)).eval()
+    # Normalized horizon: index i holds (i / 10 - 0.8, -(i / 10 - 0.8)), all within [-1, 1].
+    ramp = torch.arange(config.horizon) / 10 - 0.8
+    target = torch.stack([ramp, -ramp], dim=-1).expand(2, -1, -1)
+    policy.unet = OracleUnet(policy.noise_scheduler, target)
+    chunk = policy.predict_action_chunk(obs_batch(config, 2), generator=torch.Generator().manual_seed(0))
+    assert policy.unet.calls == expected_calls
+    expected = (target[:, config.n_obs_steps - 1 :] + 1) / 2 * 512  # unnormalized, from "now" on
+    torch.testing.assert_close(chunk, expected, atol=1e-2, rtol=0)
+
+
+def test_select_action_executes_the_chunk_from_the_current_step():
+    """Through the base class: the first n_action_steps of the returned chunk, in order, then a new chunk."""
+    config = keypoint_config(inference_scheduler="DDIM", num_inference_steps=2)
+    policy = DiffusionPolicy(config, stats_for(config)).eval()
+    first_obs = {k: v[:, -1] for k, v in obs_batch(config, 2).items()}  # (B, ...) as from an env
+    history = {
+        k: v.unsqueeze(1).repeat(1, config.n_obs_steps, *[1] * (v.ndim - 1)) for k, v in first_obs.items()
+    }
+    expected = policy.predict_action_chunk(history, generator=torch.Generator().manual_seed(7))
+
+    policy.generator = torch.Generator().manual_seed(7)
+    policy.reset()
+    for i in range(config.n_action_steps):
+        torch.testing.assert_close(policy.select_action(first_obs), expected[:, i])
+    calls = []
+    policy.unet.register_forward_hook(lambda *args: calls.append(1))
+    policy.select_action(first_obs)  # the queue is empty: a new chunk is generated
+    assert len(calls) == 2
+
+
+def test_generator_makes_chunks_reproducible_and_ddpm_is_stochastic():
+    config = image_config()
+    policy = DiffusionPolicy(config, stats_for(config)).eval()
+    obs = obs_batch(config, 2)
+    a = policy.predict_action_chunk(obs, generator=torch.Generator().manual_seed(1))
+    b = policy.predict_action_chunk(obs, generator=torch.Generator().manual_seed(1))
+    c = policy.predict_action_chunk(obs, generator=torch.Generator().manual_seed(2))
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert not torch.allclose(a, c)
+
+
+def test_inference_autocast_stays_close_to_fp32():
+    config = keypoint_config(inference_scheduler="DDIM", num_inference_steps=5)
+    policy = DiffusionPolicy(config, stats_for(config)).eval()
+    obs = obs_batch(config, 4)
+    fp32 = policy.predict_action_chunk(obs, generator=torch.Generator().manual_seed(0))
+    policy.config.inference_autocast = True
+    bf16 = policy.predict_action_chunk(obs, generator=torch.Generator().manual_seed(0))
+    assert bf16.dtype == torch.float32
+    # bf16 keeps ~3 significant digits; in [0, 512] pixel units a few pixels of drift is the expected scale.
+    assert (bf16 - fp32).abs().max() < 10.0
+    assert not torch.equal(bf16, fp32)
+
+
+# ---------------------------------------------------------------------- loss
+def test_edge_pad_actions():
+    actions = torch.arange(6, dtype=torch.float32).view(1, 6, 1).repeat(2, 1, 2)
+    is_pad = torch.tensor([[True, False, False, True, True, True], [False] * 5 + [True]])
+    filled = edge_pad_actions(actions, is_pad)
+    assert filled[0, :, 0].tolist() == [1, 1, 2, 2, 2, 2]
+    assert filled[1, :, 0].tolist() == [0, 1, 2, 3, 4, 4]
+
+
+def test_loss_ignores_padded_actions():
+    config = keypoint_config()
+    policy = DiffusionPolicy(config, stats_for(config))
+    batch = train_batch(config, 4)
+    batch["action_is_pad"][:, 5:] = True
+    batch["action_is_pad"][0, 0] = True
+
+    def loss(b):
+        torch.manual_seed(0)  # same noise and diffusion steps
+        return policy(b)["loss"].item()
+
+    reference = loss(batch)
+    changed = dict(batch, action=batch["action"].clone())
+    changed["action"][:, 5:] = torch.rand(4, 3, 2) * 512
+    changed["action"][0, 0] = 7.0
+    assert loss(changed) == reference
+    changed["action"][1, 2] += 100.0  # a real action: the loss must see it
+    assert loss(changed) != reference
+    # Fully padded samples contribute nothing; an all-padded batch does not divide by zero.
+    all_pad = dict(batch, action_is_pad=torch.ones_like(batch["action_is_pad"]))
+    assert loss(all_pad) == 0.0
+
+
+# ---------------------------------------------------------------------- checkpoints
+def test_save_load_gives_identical_actions(tmp_path):
+    config = image_config(inference_scheduler="DDIM", num_inference_steps=4)
+    policy = DiffusionPolicy(config, stats_for(config))
+    # Make the weights differ from a fresh init, so loading really matters.
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    save_file(policy.state_dict(), tmp_path / "model.safetensors")
+
+    loaded = DiffusionPolicy(replace(config), dataset_stats=None)
+    obs = obs_batch(config, 2)
+    with pytest.raises(RuntimeError, match="statistics not loaded"):
+        loaded.predict_action_chunk(obs)
+    loaded.load_state_dict(load_file(tmp_path / "model.safetensors"))
+    policy.eval(), loaded.eval()
+    expected = policy.predict_action_chunk(obs, generator=torch.Generator().manual_seed(3))
+    actual = loaded.predict_action_chunk(obs, generator=torch.Generator().manual_seed(3))
+    torch.testing.assert_close(actual, expected, rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------------- learning
+def test_overfits_a_few_samples_and_reproduces_their_actions():
+    """Four samples whose observations encode the time step t; actions are a ramp over env steps.
+
+    After a few hundred steps the loss falls by a large factor, and DDPM sampling returns each sample's
+    actions from the current step on: chunk[0] is the action at step t, not t - 1 (the alignment).
+    """
+    torch.manual_seed(0)
+    config = keypoint_config()
+    policy = DiffusionPolicy(config, stats_for(config))
+    times = torch.tensor([2.0, 4.0, 6.0, 8.0])
+
+    def action_at(t: Tensor) -> Tensor:  # 35 px per step, so neighbouring steps are far apart
+        return torch.stack([t * 35, 490 - t * 35], dim=-1)
+
+    obs_steps = times[:, None] + torch.arange(1 - config.n_obs_steps, 1)  # (4, n_obs_steps)
+    act_steps = times[:, None] + torch.arange(1 - config.n_obs_steps, config.horizon - config.n_obs_steps + 1)
+    obs = {
+        "observation.state": torch.stack([obs_steps * 30, obs_steps * 30], dim=-1),
+        "observation.environment_state": torch.stack(
+            [obs_steps * 30, 512 - obs_steps * 30, obs_steps * 15, 256 + obs_steps * 5], dim=-1
+        ),
+    }
+    data = {**obs, "action": action_at(act_steps)}
+    # Repeat the four samples so every batch sees many diffusion steps.
+    batch = {k: v.repeat(8, *[1] * (v.ndim - 1)) for k, v in data.items()}
+
+    def eval_loss() -> float:
+        state = torch.random.get_rng_state()
+        torch.manual_seed(123)
+        with torch.no_grad():
+            value = sum(policy(batch)["loss"].item() for _ in range(4)) / 4
+        torch.random.set_rng_state(state)
+        return value
+
+    n_steps = 400
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=3e-3)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, n_steps)
+    initial = eval_loss()
+    for _ in range(n_steps):
+        loss = policy(batch)["loss"]
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+    final = eval_loss()
+    print(f"loss {initial:.3f} -> {final:.4f}")
+    assert final < initial / 30, (initial, final)
+
+    policy.eval()
+    chunk = policy.predict_action_chunk(obs, generator=torch.Generator().manual_seed(0))
+    expected = data["action"][:, config.n_obs_steps - 1 :]
+    error = (chunk - expected).abs()
+    print(f"max error {error.max():.1f} px, mean {error.mean():.1f} px")
+    assert error.max() < 40.0, error.max()
+    # chunk[0] is closest to the action of the current step t, not t - 1 or t + 1.
+    for offset in (-1, 1):
+        assert (chunk[:, 0] - action_at(times)).abs().mean() < (
+            chunk[:, 0] - action_at(times + offset)
+        ).abs().mean()
