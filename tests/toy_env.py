@@ -1,0 +1,61 @@
+"""A tiny deterministic env for rollout tests: episodes end at seed-dependent steps.
+
+Observation `agent_pos` = (seed, t). Reward at step t is `seed + t / 100`. The episode terminates at step
+`term_at(seed)` (success) or is truncated by the time limit; with `fail_at` the env raises at that step.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+
+def term_at(seed: int) -> int:
+    """Step at which an episode with this seed terminates; seeds divisible by 3 never do (truncation)."""
+    return 10**9 if seed % 3 == 0 else 3 + (seed * 7) % 11
+
+
+class ToyEnv(gym.Env):
+    """Deterministic episodes of seed-dependent length, with `is_success` on termination."""
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 10}
+
+    def __init__(self, render_mode: str | None = "rgb_array", fail_at: int | None = None):
+        self.observation_space = spaces.Dict({"agent_pos": spaces.Box(-1e6, 1e6, (2,), np.float64)})
+        self.action_space = spaces.Box(-1e6, 1e6, (2,), np.float32)
+        self.render_mode = render_mode
+        self.fail_at = fail_at
+        self.seed_value = 0
+        self.t = 0
+
+    def reset(self, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        self.seed_value = int(seed) if seed is not None else -1
+        self.t = 0
+        return self._obs(), {"is_success": False}
+
+    def _obs(self):
+        return {"agent_pos": np.array([self.seed_value, self.t], dtype=np.float64)}
+
+    def step(self, action):
+        self.t += 1
+        if self.fail_at is not None and self.t >= self.fail_at:
+            raise RuntimeError(f"toy env failure at step {self.t}")
+        # The action must echo the observation's seed: a stale queued action from another episode shows up.
+        self.last_action_seed = float(np.asarray(action)[0])
+        reward = (
+            self.seed_value + self.t / 100 + (0.0 if self.last_action_seed == self.seed_value else -1000.0)
+        )
+        terminated = self.t >= term_at(self.seed_value)
+        return self._obs(), reward, terminated, False, {"is_success": terminated}
+
+    def render(self):
+        frame = np.zeros((8, 8, 3), dtype=np.uint8)
+        frame[..., 0] = self.t % 256
+        return frame
+
+
+def make_toy(max_episode_steps: int = 12, fail_at: int | None = None) -> gym.Env:
+    """A time-limited ToyEnv (truncation after `max_episode_steps`)."""
+    return gym.wrappers.TimeLimit(ToyEnv(fail_at=fail_at), max_episode_steps=max_episode_steps)
