@@ -105,7 +105,8 @@ def _checkpoint_config(ckpt_dir: Path, overrides: list[str]) -> DictConfig:
     """The checkpoint's config with evaluation overrides; `env=NAME` swaps in another env config."""
     from lerobot.training.checkpoint import load_config
 
-    cfg = load_config(ckpt_dir)
+    # A plain (unstructured) copy, so that a whole env section can be swapped in before re-validation.
+    cfg = OmegaConf.create(OmegaConf.to_container(load_config(ckpt_dir)))
     dotted = []
     for override in overrides:
         key, _, value = override.partition("=")
