@@ -1,7 +1,13 @@
 """Datasets: PushT import/conversion, the episode dataset with delta_timestamps windows, statistics, loaders."""
 
 from lerobot.datasets.episode_dataset import DeltaTimestampsError, EpisodeDataset, collate_batch
-from lerobot.datasets.factory import StepBatchSampler, make_dataloader, make_dataset, split_episodes
+from lerobot.datasets.factory import (
+    StepBatchSampler,
+    cycle_batches,
+    make_dataloader,
+    make_dataset,
+    split_episodes,
+)
 from lerobot.datasets.format import DatasetError, DatasetNotFoundError
 from lerobot.datasets.pusht_import import (
     PUSHT_URL,
@@ -24,6 +30,7 @@ __all__ = [
     "collate_batch",
     "convert_pusht_zarr",
     "coverage_reward",
+    "cycle_batches",
     "default_cache_dir",
     "find_pusht_source",
     "make_dataloader",

@@ -94,8 +94,9 @@ class EpisodeDataset(Dataset):
         unknown = [k for k in self.keys if k not in data_keys]
         if unknown:
             raise KeyError(f"{self.root}: no feature {unknown}; available: {data_keys}")
-        self.delta_timestamps = dict(delta_timestamps or {})
         self._delta_frames = _delta_frames(delta_timestamps, self._fps, self.keys)
+        # Plain dict of float lists (configs may pass OmegaConf containers).
+        self.delta_timestamps = {k: [float(v) for v in delta_timestamps[k]] for k in self._delta_frames}
 
         # Dataset index -> global frame, and the [start, end) of that frame's episode.
         starts, stops = self._all_starts[self.episodes], self._all_ends[self.episodes]

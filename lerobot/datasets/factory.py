@@ -3,14 +3,16 @@
 Data order: batch `s` (the global training step) is fixed by `(seed, s)` alone. Epoch `e = s // steps_per_epoch`
 shuffles all items with a numpy generator seeded by `(seed, e)`, and step `s` takes slice
 `s % steps_per_epoch` of that permutation. A run resumed at step `k` calls
+`cycle_batches(dataset, batch_size, seed, start_step=k)` (an endless iterator) or
 `make_dataloader(..., seed=seed, start_step=k, num_steps=total_steps - k)` and receives exactly the batches an
 uninterrupted run would have seen from step `k` on, whatever `num_workers` is; nothing from the old
-DataLoader (generator state, iterator position) needs to be saved.
+DataLoader (generator state, iterator position) needs to be saved: the checkpoint's step is enough.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -100,6 +102,7 @@ class StepBatchSampler(Sampler[list[int]]):
         start_step: first step to yield.
         num_steps: how many steps to yield, crossing epochs as needed; None: until the end of the epoch that
             contains `start_step` (from step 0 that is one ordinary epoch).
+        infinite: yield forever (ignores `num_steps`); `len()` is then undefined.
     """
 
     def __init__(
@@ -111,6 +114,7 @@ class StepBatchSampler(Sampler[list[int]]):
         drop_last: bool = True,
         start_step: int = 0,
         num_steps: int | None = None,
+        infinite: bool = False,
     ):
         if batch_size < 1:
             raise ValueError(f"batch_size={batch_size} must be >= 1")
@@ -125,6 +129,7 @@ class StepBatchSampler(Sampler[list[int]]):
         if num_steps is None:
             num_steps = (start_step // self.steps_per_epoch + 1) * self.steps_per_epoch - start_step
         self.num_steps = num_steps
+        self.infinite = infinite
         self._epoch, self._order = -1, np.arange(num_samples)
 
     def order(self, epoch: int) -> np.ndarray:
@@ -141,10 +146,14 @@ class StepBatchSampler(Sampler[list[int]]):
         return self.order(epoch)[slot * self.batch_size : (slot + 1) * self.batch_size].tolist()
 
     def __iter__(self) -> Iterator[list[int]]:
-        for step in range(self.start_step, self.start_step + self.num_steps):
+        step = self.start_step
+        while self.infinite or step < self.start_step + self.num_steps:
             yield self.batch(step)
+            step += 1
 
     def __len__(self) -> int:
+        if self.infinite:
+            raise TypeError("an infinite StepBatchSampler has no length")
         return self.num_steps
 
 
@@ -158,6 +167,7 @@ def make_dataloader(
     pin_memory: bool = False,
     start_step: int = 0,
     num_steps: int | None = None,
+    infinite: bool = False,
 ) -> DataLoader:
     """A DataLoader whose batches are fixed by `(seed, step)` (see `StepBatchSampler` and the module doc).
 
@@ -167,6 +177,7 @@ def make_dataloader(
         seed: data-order seed.
         start_step: first global step to produce (resume at step k: `start_step=k`).
         num_steps: number of batches to produce (may span epochs); None: to the end of the current epoch.
+        infinite: produce batches forever (then `len()` is undefined); see `cycle_batches`.
 
     Returns:
         A DataLoader yielding dicts of batched tensors (B, ...), `len()` = number of batches.
@@ -179,6 +190,7 @@ def make_dataloader(
         drop_last=drop_last,
         start_step=start_step,
         num_steps=num_steps,
+        infinite=infinite,
     )
     return DataLoader(
         dataset,
@@ -188,3 +200,32 @@ def make_dataloader(
         pin_memory=pin_memory and torch.cuda.is_available(),
         persistent_workers=False,
     )
+
+
+def cycle_batches(
+    dataset: Dataset,
+    batch_size: int,
+    seed: int,
+    start_step: int = 0,
+    num_workers: int = 0,
+    pin_memory: bool = False,
+    shuffle: bool = True,
+    drop_last: bool = True,
+) -> Iterator[dict[str, Any]]:
+    """Endless iterator over training batches; its n-th batch is global step `start_step + n`.
+
+    Resuming at step k with the same seed yields exactly what an uninterrupted run yields from step k.
+    Workers (if any) start at the first `next()` and live as long as the iterator.
+    """
+    loader = make_dataloader(
+        dataset,
+        batch_size,
+        num_workers=num_workers,
+        shuffle=shuffle,
+        seed=seed,
+        drop_last=drop_last,
+        pin_memory=pin_memory,
+        start_step=start_step,
+        infinite=True,
+    )
+    return iter(loader)

@@ -239,8 +239,10 @@ def open_pusht_zarr(path: Path) -> dict[str, Any]:
     """Open the PushT zarr read-only and check it; return {array name: zarr array}.
 
     Checks: the store opens, every required array exists with the expected trailing shape, all arrays have
-    the same number of frames, every chunk is stored (zarr would silently fill missing chunks with zeros),
-    and `meta/episode_ends` increases strictly to the frame count.
+    the same number of frames, every chunk is stored (zarr would silently fill missing chunks with zeros;
+    writers skip chunks that are all fill value, but no real chunk of PushT images, states or actions is all
+    zeros, so a missing one means a truncated copy), and `meta/episode_ends` increases strictly to the
+    frame count.
 
     Raises:
         DatasetError: naming the store or array and the problem.
