@@ -80,6 +80,9 @@ ZARR_NAME = "pusht_cchi_v7_replay.zarr"
 ZIP_NAME = "pusht.zip"
 PUSHT_FPS = 10
 CONVERTED_NAME = f"v{FORMAT_VERSION}"
+# Bumped whenever the conversion's output changes without a format change (e.g. a fixed derivation), so
+# existing caches are rebuilt: it is part of the source fingerprint.
+CONVERTER_REVISION = 2
 
 # Arrays the conversion reads, with the trailing shape each must have (None: any size, e.g. image H/W).
 REQUIRED_ARRAYS: dict[str, tuple[int | None, ...]] = {
@@ -305,8 +308,11 @@ def _read(path: Path, name: str, arr: Any, sel: slice = slice(None)) -> np.ndarr
 
 
 def source_fingerprint(arrays: dict[str, Any], path: Path) -> str:
-    """sha256 of the format version, episode boundaries, states and actions (images are not hashed: ~3 GB)."""
-    digest = hashlib.sha256(f"pusht-v{FORMAT_VERSION}".encode())
+    """sha256 of format version, converter revision, episode boundaries, states and actions.
+
+    Images are not hashed (~3 GB to read); the arrays hashed identify the demonstrations.
+    """
+    digest = hashlib.sha256(f"pusht-v{FORMAT_VERSION}-r{CONVERTER_REVISION}".encode())
     for name in ("meta/episode_ends", "data/state", "data/action"):
         data = _read(path, name, arrays[name])
         digest.update(f"{name}{data.shape}{data.dtype}".encode())
