@@ -167,17 +167,15 @@ class TDMPCPolicy(Policy):
             v_next = q_next[subset].min(dim=0).values
             td_target = reward + cfg.discount * (1.0 - terminated) * v_next  # (B, H)
 
+        # Latent rollout through the learned dynamics (sequential), then reward and Q on all steps at once.
         z = self.model.encode(obs[:, 0])
         latents = [z]
-        q_preds, r_preds = [], []
         for t in range(horizon):
-            q_preds.append(self.model.q(z, action[:, t]))  # (n_q, B)
-            r_preds.append(self.model.reward(z, action[:, t]))  # (B,)
             z = self.model.next(z, action[:, t])
             latents.append(z)
         zs = torch.stack(latents, dim=1)  # (B, H+1, L)
-        q_pred = torch.stack(q_preds, dim=-1)  # (n_q, B, H)
-        r_pred = torch.stack(r_preds, dim=-1)  # (B, H)
+        q_pred = self.model.q(zs[:, :-1], action)  # (n_q, B, H)
+        r_pred = self.model.reward(zs[:, :-1], action)  # (B, H)
 
         w = rho[:horizon]
         consistency = (w * ((zs[:, 1:] - z_target) ** 2).mean(dim=(0, 2))).sum() / horizon

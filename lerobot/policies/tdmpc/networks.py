@@ -33,11 +33,11 @@ class SimNorm(nn.Module):
 
 
 def mlp(in_dim: int, hidden_dims: list[int], out_dim: int, out_act: nn.Module | None = None) -> nn.Sequential:
-    """Linear -> LayerNorm -> Mish for each hidden layer, then a Linear (and `out_act` if given)."""
+    """Linear -> LayerNorm -> ELU for each hidden layer, then a Linear (and `out_act` if given)."""
     layers: list[nn.Module] = []
     dims = [in_dim, *hidden_dims]
     for d_in, d_out in zip(dims[:-1], dims[1:]):
-        layers += [nn.Linear(d_in, d_out), nn.LayerNorm(d_out), nn.Mish()]
+        layers += [nn.Linear(d_in, d_out), nn.LayerNorm(d_out), nn.ELU()]
     layers.append(nn.Linear(dims[-1], out_dim))
     if out_act is not None:
         layers.append(out_act)
@@ -47,7 +47,7 @@ def mlp(in_dim: int, hidden_dims: list[int], out_dim: int, out_act: nn.Module | 
 class QEnsemble(nn.Module):
     """`n` Q-functions Q_k(z, a) evaluated in one batched matmul per layer instead of a Python loop.
 
-    Each member is Linear -> LayerNorm -> Mish (x len(hidden_dims)) -> Linear(1). Weights are stacked as
+    Each member is Linear -> LayerNorm -> ELU (x len(hidden_dims)) -> Linear(1). Weights are stacked as
     (n, d_in, d_out). `forward(..., detach_params=True)` uses detached weights: the policy objective
     backpropagates through Q into the action without training Q itself.
     """
@@ -88,7 +88,7 @@ class QEnsemble(nn.Module):
                 if detach_params:
                     g, beta = g.detach(), beta.detach()
                 h = F.layer_norm(h, h.shape[-1:]) * g.unsqueeze(1) + beta.unsqueeze(1)
-                h = F.mish(h)
+                h = F.elu(h)
         return h.reshape(self.n, *batch_shape)
 
 

@@ -1,0 +1,367 @@
+"""Replay buffer of transitions from `n_envs` vector envs, sampled as contiguous sub-trajectories (TD-MPC).
+
+Layout: a ring of `capacity // n_envs` rows; row r holds one vector step, i.e. one transition per env:
+
+    obs[key]       (rows, n_envs, *shape)  observation o_t                      (batch keys, float32)
+    next_obs[key]  (rows, n_envs, *shape)  the real next observation o_{t+1}
+    action         (rows, n_envs, A)
+    reward         (rows, n_envs)
+    terminated     (rows, n_envs)          episode ended by the task: do not bootstrap
+    truncated      (rows, n_envs)          episode cut by the time limit: do bootstrap
+    done           (rows, n_envs)          terminated or truncated
+    valid          (rows, n_envs)          False for rows that are not transitions (NEXT_STEP autoreset)
+    episode, step  (rows, n_envs)          per-env episode counter and index of the step in its episode
+
+Gymnasium 1.x autoreset (`add_env_step` handles it; pick the mode the envs were built with):
+- `AutoresetMode.SAME_STEP` (what the online trainer uses): the step that ends an episode already returns
+  the first observation of the next one; the episode's real last observation is in `info["final_obs"][i]`
+  where `info["_final_obs"][i]`. We store that final observation as `next_obs`, so every step is a transition.
+- `AutoresetMode.NEXT_STEP`: the step that ends an episode returns its real final observation; the following
+  step ignores the action, resets, and returns the reset observation with reward 0. That step is not a
+  transition: it is written as an invalid row and never sampled.
+- `AutoresetMode.DISABLED`: the caller resets envs itself; every step is stored as given.
+
+Sub-trajectories: a sample of length H starts at (row t, env e) and covers rows t .. t+H-1 of env e, all in
+one episode (no episode end before its last step), all written and none overwritten. Starting points are
+drawn uniformly among all valid ones by rejection. Episodes shorter than H cannot be sampled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from gymnasium.vector import AutoresetMode
+from torch import Tensor
+
+from lerobot.constants import ACTION, NEXT_DONE, NEXT_REWARD
+
+NEXT_TERMINATED = "next.terminated"
+NEXT_TRUNCATED = "next.truncated"
+
+_MAX_REJECTION_ROUNDS = 64
+
+
+def final_observations(next_obs: Any, info: Mapping[str, Any]) -> Any:
+    """The real next observation of a SAME_STEP autoreset vector step: `info["final_obs"]` where an episode ended.
+
+    Works for array observations (n_envs, ...) and dict observations {key: (n_envs, ...)}; returns a copy
+    only when something had to be replaced.
+    """
+    mask = info.get("_final_obs")
+    if mask is None or not np.any(mask):
+        return next_obs
+    final = info["final_obs"]
+    ended = np.flatnonzero(mask)
+    if isinstance(next_obs, Mapping):
+        out = {k: np.array(v, copy=True) for k, v in next_obs.items()}
+        for i in ended:
+            for k in out:
+                out[k][i] = final[i][k]
+        return out
+    out = np.array(next_obs, copy=True)
+    for i in ended:
+        out[i] = final[i]
+    return out
+
+
+def _as_tensor(x: Any, dtype: torch.dtype | None = None) -> Tensor:
+    t = x if isinstance(x, Tensor) else torch.as_tensor(np.asarray(x))
+    return t.to("cpu", dtype=dtype) if dtype is not None else t.cpu()
+
+
+class ReplayBuffer:
+    """Ring buffer of vector-env transitions with episode-aware sub-trajectory sampling.
+
+    Args:
+        capacity: total transitions kept (over all envs); the oldest rows are overwritten.
+        n_envs: transitions per `add` (one per env).
+        seed: seed of the sampling generator.
+    """
+
+    def __init__(self, capacity: int, n_envs: int = 1, seed: int = 0):
+        if capacity < n_envs or n_envs < 1:
+            raise ValueError(f"capacity={capacity} must be >= n_envs={n_envs} >= 1")
+        self.rows = capacity // n_envs
+        self.n_envs = n_envs
+        self.pos = 0  # next row to write
+        self.full = False
+        self.obs: dict[str, Tensor] = {}
+        self.next_obs: dict[str, Tensor] = {}
+        self.data: dict[str, Tensor] = {}
+        self._cur_episode = torch.zeros(n_envs, dtype=torch.int64)
+        self._cur_step = torch.zeros(n_envs, dtype=torch.int64)
+        self._autoreset_pending = torch.zeros(n_envs, dtype=torch.bool)
+        self.generator = torch.Generator().manual_seed(seed)
+
+    # ----------------------------------------------------------------- sizes
+    @property
+    def filled_rows(self) -> int:
+        return self.rows if self.full else self.pos
+
+    def __len__(self) -> int:
+        """Number of stored transitions (valid rows over all envs)."""
+        if not self.data:
+            return 0
+        return int(self.data["valid"][: self.filled_rows].sum())
+
+    # ----------------------------------------------------------------- writing
+    def _allocate(self, obs: Mapping[str, Tensor], action: Tensor) -> None:
+        shape = (self.rows, self.n_envs)
+        for key, value in obs.items():
+            self.obs[key] = torch.zeros(*shape, *value.shape[1:], dtype=torch.float32)
+            self.next_obs[key] = torch.zeros(*shape, *value.shape[1:], dtype=torch.float32)
+        self.data = {
+            "action": torch.zeros(*shape, *action.shape[1:], dtype=torch.float32),
+            "reward": torch.zeros(shape, dtype=torch.float32),
+            "terminated": torch.zeros(shape, dtype=torch.bool),
+            "truncated": torch.zeros(shape, dtype=torch.bool),
+            "done": torch.zeros(shape, dtype=torch.bool),
+            "valid": torch.zeros(shape, dtype=torch.bool),
+            "episode": torch.zeros(shape, dtype=torch.int64),
+            "step": torch.zeros(shape, dtype=torch.int64),
+        }
+
+    def add(
+        self,
+        obs: Mapping[str, Any],
+        action: Any,
+        reward: Any,
+        next_obs: Mapping[str, Any],
+        terminated: Any,
+        truncated: Any,
+        valid: Any | None = None,
+    ) -> None:
+        """Write one vector step: every argument has a leading `n_envs` dimension.
+
+        `next_obs` must be the real next observation (the final observation where an episode ended);
+        `valid=False` marks envs whose row is not a transition.
+        """
+        obs = {k: _as_tensor(v, torch.float32) for k, v in obs.items()}
+        next_obs = {k: _as_tensor(v, torch.float32) for k, v in next_obs.items()}
+        action = _as_tensor(action, torch.float32)
+        if action.ndim == 1:
+            action = action.unsqueeze(-1)
+        if not self.data:
+            self._allocate(obs, action)
+        terminated = _as_tensor(terminated, torch.bool)
+        truncated = _as_tensor(truncated, torch.bool)
+        valid = torch.ones(self.n_envs, dtype=torch.bool) if valid is None else _as_tensor(valid, torch.bool)
+        done = terminated | truncated
+        r = self.pos
+        for k in self.obs:
+            self.obs[k][r] = obs[k]
+            self.next_obs[k][r] = next_obs[k]
+        d = self.data
+        d["action"][r] = action
+        d["reward"][r] = _as_tensor(reward, torch.float32)
+        d["terminated"][r], d["truncated"][r], d["done"][r] = terminated, truncated, done
+        d["valid"][r] = valid
+        d["episode"][r] = self._cur_episode
+        d["step"][r] = self._cur_step
+        # An invalid row belongs to no episode: it neither advances the step count nor ends an episode.
+        ended = done & valid
+        self._cur_step = torch.where(valid, self._cur_step + 1, self._cur_step)
+        self._cur_step[ended] = 0
+        self._cur_episode += ended.long()
+        self.pos = (self.pos + 1) % self.rows
+        self.full = self.full or self.pos == 0
+
+    def add_env_step(
+        self,
+        obs: Mapping[str, Any],
+        action: Any,
+        reward: Any,
+        next_obs: Mapping[str, Any],
+        terminated: Any,
+        truncated: Any,
+        info: Mapping[str, Any],
+        autoreset_mode: AutoresetMode,
+        to_batch=None,
+    ) -> None:
+        """Store what `env.step(action)` returned, handling the env's autoreset mode (see the module docstring).
+
+        `obs`/`next_obs` are raw env observations; `to_batch` (e.g. `observation_to_batch`) turns them into
+        {batch key: tensor}. Without it they must already be such dicts.
+        """
+        to_batch = to_batch or (lambda o: o)
+        terminated = np.asarray(terminated, dtype=bool)
+        truncated = np.asarray(truncated, dtype=bool)
+        valid = np.ones(self.n_envs, dtype=bool)
+        if autoreset_mode == AutoresetMode.SAME_STEP:
+            next_obs = final_observations(next_obs, info)
+        elif autoreset_mode == AutoresetMode.NEXT_STEP:
+            # The step after an episode end is gymnasium's reset step: not a transition.
+            valid = ~self._autoreset_pending.numpy()
+            self._autoreset_pending = torch.from_numpy((terminated | truncated) & valid)
+        elif autoreset_mode != AutoresetMode.DISABLED:
+            raise ValueError(f"unknown autoreset mode {autoreset_mode!r}")
+        self.add(to_batch(obs), action, reward, to_batch(next_obs), terminated, truncated, valid)
+
+    def extend_episodes(self, obs: Mapping[str, Any], action: Any, reward: Any, episode_index: Any) -> int:
+        """Append whole recorded episodes (a 1-env buffer only), e.g. demonstrations; return transitions added.
+
+        Inputs are frame-aligned (N, ...) arrays sorted by episode: frame t of an episode gives the transition
+        (obs_t, action_t, reward_t, obs_{t+1}). An episode's last frame has no recorded next observation and
+        is dropped, so the episode's last stored transition did not end it: it is marked truncated
+        (bootstrapping continues), never terminated.
+        """
+        if self.n_envs != 1:
+            raise ValueError("extend_episodes needs a buffer with n_envs=1")
+        obs = {k: _as_tensor(v, torch.float32) for k, v in obs.items()}
+        action = _as_tensor(action, torch.float32)
+        if action.ndim == 1:
+            action = action.unsqueeze(-1)
+        reward = _as_tensor(reward, torch.float32)
+        ep = _as_tensor(episode_index, torch.int64)
+        n = ep.shape[0]
+        if n < 2:
+            return 0
+        # Keep frames whose successor belongs to the same episode.
+        idx = (ep[1:] == ep[:-1]).nonzero().squeeze(1)
+        truncated = torch.ones_like(idx, dtype=torch.bool)
+        truncated[:-1] = ep[idx[1:]] != ep[idx[:-1]]
+        terminated = torch.zeros_like(truncated)
+        for i in range(idx.shape[0]):  # one row per transition keeps the episode bookkeeping in one place
+            j = int(idx[i])
+            self.add(
+                {k: v[j : j + 1] for k, v in obs.items()},
+                action[j : j + 1],
+                reward[j : j + 1],
+                {k: v[j + 1 : j + 2] for k, v in obs.items()},
+                terminated[i : i + 1],
+                truncated[i : i + 1],
+            )
+        return int(idx.shape[0])
+
+    # ----------------------------------------------------------------- sampling
+    def _valid_starts(self, rows: Tensor, envs: Tensor, horizon: int) -> Tensor:
+        """Mask of candidate starts whose H rows are one written, valid, uninterrupted piece of one episode."""
+        d = self.data
+        end = (rows + horizon - 1) % self.rows
+        ok = d["valid"][rows, envs] & d["valid"][end, envs]
+        ok &= d["episode"][end, envs] == d["episode"][rows, envs]
+        # Same episode and exactly H-1 steps apart: contiguous, and not wrapped into overwritten rows.
+        ok &= d["step"][end, envs] == d["step"][rows, envs] + horizon - 1
+        if not self.full:
+            ok &= rows + horizon - 1 < self.pos
+        return ok
+
+    def sample(self, batch_size: int, horizon: int = 1) -> dict[str, Tensor]:
+        """Draw `batch_size` sub-trajectories of `horizon` transitions, uniformly over valid starts.
+
+        Returns (B = batch_size, H = horizon):
+            obs keys        (B, H+1, *shape)  o_t .. o_{t+H}: the H observations, then the last next_obs
+            "action"        (B, H, A)
+            "next.reward", "next.terminated", "next.truncated", "next.done"   (B, H)
+        """
+        n_rows = self.filled_rows
+        if n_rows < horizon or len(self) == 0:
+            raise RuntimeError(f"replay buffer holds {len(self)} transitions, too few for horizon {horizon}")
+        chosen_rows, chosen_envs, n_found = [], [], 0
+        for _ in range(_MAX_REJECTION_ROUNDS):
+            need = batch_size - n_found
+            # Oversample a little so one round usually suffices.
+            n_draw = need + need // 4 + 8
+            high = n_rows if self.full else n_rows - horizon + 1
+            rows = torch.randint(0, high, (n_draw,), generator=self.generator)
+            envs = torch.randint(0, self.n_envs, (n_draw,), generator=self.generator)
+            ok = self._valid_starts(rows, envs, horizon)
+            rows, envs = rows[ok][:need], envs[ok][:need]
+            chosen_rows.append(rows)
+            chosen_envs.append(envs)
+            n_found += rows.shape[0]
+            if n_found == batch_size:
+                break
+        else:
+            raise RuntimeError(
+                f"could not find {batch_size} sub-trajectories of length {horizon} that stay inside one "
+                "episode; are the episodes shorter than the horizon?"
+            )
+        rows = torch.cat(chosen_rows)
+        envs = torch.cat(chosen_envs)
+        return self.gather(rows, envs, horizon)
+
+    def gather(self, rows: Tensor, envs: Tensor, horizon: int) -> dict[str, Tensor]:
+        """The sub-trajectories starting at (rows[i], envs[i]) (no validity check), laid out as in `sample`."""
+        idx = (rows.unsqueeze(1) + torch.arange(horizon)) % self.rows  # (B, H)
+        env_idx = envs.unsqueeze(1).expand_as(idx)
+        batch: dict[str, Tensor] = {}
+        for key in self.obs:
+            seq = self.obs[key][idx, env_idx]  # (B, H, ...)
+            last = self.next_obs[key][idx[:, -1], envs].unsqueeze(1)  # (B, 1, ...)
+            batch[key] = torch.cat([seq, last], dim=1)
+        d = self.data
+        batch[ACTION] = d["action"][idx, env_idx]
+        batch[NEXT_REWARD] = d["reward"][idx, env_idx]
+        batch[NEXT_TERMINATED] = d["terminated"][idx, env_idx]
+        batch[NEXT_TRUNCATED] = d["truncated"][idx, env_idx]
+        batch[NEXT_DONE] = d["done"][idx, env_idx]
+        return batch
+
+    # ----------------------------------------------------------------- persistence
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue: the filled rows, write position and bookkeeping."""
+        n = self.filled_rows
+        return {
+            "rows": self.rows,
+            "n_envs": self.n_envs,
+            "pos": self.pos,
+            "full": self.full,
+            "obs": {k: v[:n].clone() for k, v in self.obs.items()},
+            "next_obs": {k: v[:n].clone() for k, v in self.next_obs.items()},
+            "data": {k: v[:n].clone() for k, v in self.data.items()},
+            "cur_episode": self._cur_episode.clone(),
+            "cur_step": self._cur_step.clone(),
+            "autoreset_pending": self._autoreset_pending.clone(),
+            "generator": self.generator.get_state(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore a `state_dict` into a buffer of the same shape (rows, n_envs)."""
+        if state["rows"] != self.rows or state["n_envs"] != self.n_envs:
+            raise ValueError(
+                f"saved buffer has {state['rows']} rows x {state['n_envs']} envs, this one "
+                f"{self.rows} x {self.n_envs}; resume with the same buffer_capacity and n_envs"
+            )
+        self.pos, self.full = int(state["pos"]), bool(state["full"])
+
+        def restore(saved: Mapping[str, Tensor]) -> dict[str, Tensor]:
+            out = {}
+            for k, v in saved.items():
+                full = torch.zeros(self.rows, *v.shape[1:], dtype=v.dtype)
+                full[: v.shape[0]] = v
+                out[k] = full
+            return out
+
+        self.obs, self.next_obs, self.data = (
+            restore(state["obs"]),
+            restore(state["next_obs"]),
+            restore(state["data"]),
+        )
+        self._cur_episode = state["cur_episode"].clone()
+        self._cur_step = state["cur_step"].clone()
+        self._autoreset_pending = state["autoreset_pending"].clone()
+        self.generator.set_state(state["generator"])
+
+
+def sample_mixed(
+    online: ReplayBuffer,
+    offline: ReplayBuffer | None,
+    batch_size: int,
+    horizon: int,
+    offline_ratio: float,
+) -> dict[str, Tensor]:
+    """A batch with `round(batch_size * offline_ratio)` samples from `offline` and the rest from `online`."""
+    n_off = round(batch_size * offline_ratio) if offline is not None and len(offline) > 0 else 0
+    n_on = batch_size - n_off
+    parts = []
+    if n_on > 0:
+        parts.append(online.sample(n_on, horizon))
+    if n_off > 0:
+        parts.append(offline.sample(n_off, horizon))
+    if len(parts) == 1:
+        return parts[0]
+    return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}

@@ -1,0 +1,81 @@
+"""SB3-style schedule of the online trainer: random-action phase and gradient steps per collection."""
+
+from __future__ import annotations
+
+import pytest
+
+from lerobot.config import ConfigError
+from lerobot.training.online import UpdateSchedule
+
+
+def run(schedule: UpdateSchedule, total: int) -> tuple[list[int], list[bool]]:
+    """Updates after each collection and whether each vector step acted randomly, up to `total` transitions."""
+    updates, random_steps, t = [], [], 0
+    while t < total:
+        for _ in range(schedule.train_freq):
+            random_steps.append(schedule.random_actions(t))
+            t += schedule.n_envs
+        updates.append(schedule.updates_after_collection(t))
+    return updates, random_steps
+
+
+def test_one_env_one_gradient_step():
+    updates, random_steps = run(UpdateSchedule(n_envs=1, gradient_steps=1, learning_starts=3), 10)
+    # Transitions after each collection: 1..10; updates once the count exceeds learning_starts=3.
+    assert updates == [0, 0, 0, 1, 1, 1, 1, 1, 1, 1]
+    # Random actions while fewer than 3 transitions were collected before the step.
+    assert random_steps == [True, True, True] + [False] * 7
+
+
+def test_one_env_minus_one_equals_one():
+    a, _ = run(UpdateSchedule(n_envs=1, gradient_steps=-1, learning_starts=3), 10)
+    b, _ = run(UpdateSchedule(n_envs=1, gradient_steps=1, learning_starts=3), 10)
+    assert a == b
+
+
+def test_four_envs_gradient_steps():
+    # 4 transitions per vector step; learning_starts=10 -> totals 4, 8, 12, 16, 20.
+    ones, random_steps = run(UpdateSchedule(n_envs=4, gradient_steps=1, learning_starts=10), 20)
+    assert ones == [0, 0, 1, 1, 1]
+    assert random_steps == [True, True, True, False, False]  # transitions before: 0, 4, 8 < 10
+    as_collected, _ = run(UpdateSchedule(n_envs=4, gradient_steps=-1, learning_starts=10), 20)
+    assert as_collected == [0, 0, 4, 4, 4]
+    # train_freq=2: 8 transitions per collection, -1 gives 8 updates, 3 gives 3.
+    freq2, random_steps = run(
+        UpdateSchedule(n_envs=4, train_freq=2, gradient_steps=-1, learning_starts=10), 32
+    )
+    assert freq2 == [0, 8, 8, 8]
+    assert random_steps == [True, True, True, False, False, False, False, False]
+    fixed, _ = run(UpdateSchedule(n_envs=4, train_freq=2, gradient_steps=3, learning_starts=0), 32)
+    assert fixed == [3, 3, 3, 3]
+
+
+def test_utd_ratio_takes_precedence_and_carries_fractions():
+    half, _ = run(UpdateSchedule(n_envs=1, gradient_steps=5, utd_ratio=0.5), 8)
+    assert half == [0, 1, 0, 1, 0, 1, 0, 1]
+    double, _ = run(UpdateSchedule(n_envs=4, gradient_steps=1, utd_ratio=2.0), 12)
+    assert double == [8, 8, 8]
+    third, _ = run(UpdateSchedule(n_envs=1, utd_ratio=1 / 3), 9)
+    assert sum(third) == 3
+
+
+def test_count_updates_matches_and_does_not_consume_state():
+    schedule = UpdateSchedule(n_envs=4, train_freq=1, gradient_steps=-1, learning_starts=100, utd_ratio=0.3)
+    predicted = schedule.count_updates(1000)
+    updates, _ = run(schedule, 1000)
+    assert predicted == sum(updates) == int(0.3 * (1000 - 100) + 1e-9)
+    restored = UpdateSchedule(n_envs=1, utd_ratio=0.5)
+    restored.updates_after_collection(1)
+    state = restored.state_dict()
+    again = UpdateSchedule(n_envs=1, utd_ratio=0.5)
+    again.load_state_dict(state)
+    assert again.updates_after_collection(2) == restored.updates_after_collection(2) == 1
+
+
+def test_invalid_settings():
+    with pytest.raises(ConfigError):
+        UpdateSchedule(n_envs=1, gradient_steps=-2)
+    with pytest.raises(ConfigError):
+        UpdateSchedule(n_envs=0)
+    with pytest.raises(ConfigError):
+        UpdateSchedule(n_envs=1, utd_ratio=-1.0)

@@ -1,0 +1,241 @@
+"""Replay buffer: stored transitions at termination/truncation boundaries, autoreset modes, sub-trajectories."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from gymnasium.vector import AutoresetMode, SyncVectorEnv
+
+from lerobot.constants import ACTION, NEXT_DONE, NEXT_REWARD, OBS_STATE
+from lerobot.training.replay_buffer import (
+    NEXT_TERMINATED,
+    NEXT_TRUNCATED,
+    ReplayBuffer,
+    final_observations,
+    sample_mixed,
+)
+
+
+class ScriptedEpisodesEnv(gym.Env):
+    """Deterministic env whose episodes end at scripted steps, by termination ("T") or truncation ("R").
+
+    Observation: [env_id, episode number, step in episode]; reward after step t: 10 * episode + t + 1.
+    `episodes` lists (length, kind) in order; after the list runs out, episodes last 1000 steps.
+    """
+
+    observation_space = gym.spaces.Box(-1e6, 1e6, (3,), np.float32)
+    action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+    def __init__(self, env_id: int, episodes: list[tuple[int, str]]):
+        self.env_id, self.episodes = env_id, episodes
+        self.episode, self.t = -1, 0
+
+    def _obs(self) -> np.ndarray:
+        return np.array([self.env_id, self.episode, self.t], dtype=np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.episode += 1
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self.t += 1
+        length, kind = self.episodes[self.episode] if self.episode < len(self.episodes) else (1000, "R")
+        end = self.t == length
+        reward = 10.0 * self.episode + self.t
+        return self._obs(), reward, end and kind == "T", end and kind == "R", {}
+
+
+def to_batch(obs: np.ndarray) -> dict[str, torch.Tensor]:
+    return {OBS_STATE: torch.as_tensor(obs, dtype=torch.float32)}
+
+
+def collect(scripts: list[list[tuple[int, str]]], n_steps: int, mode: AutoresetMode, capacity: int = 10_000):
+    """Step a vector env of scripted envs and record it; return the buffer and the raw step log."""
+    fns = [lambda i=i, s=s: ScriptedEpisodesEnv(i, s) for i, s in enumerate(scripts)]
+    env = SyncVectorEnv(fns, autoreset_mode=mode)
+    buffer = ReplayBuffer(capacity, n_envs=len(scripts))
+    obs, _ = env.reset()
+    for step in range(n_steps):
+        action = np.full((len(scripts), 1), step / 100, dtype=np.float32)
+        next_obs, reward, term, trunc, info = env.step(action)
+        buffer.add_env_step(obs, action, reward, next_obs, term, trunc, info, mode, to_batch)
+        obs = next_obs
+    env.close()
+    return buffer
+
+
+def stored(buffer: ReplayBuffer, env: int) -> list[tuple]:
+    """(obs, next_obs, reward, terminated, truncated) of the valid rows of one env, oldest first."""
+    d = buffer.data
+    rows = [(buffer.pos + i) % buffer.rows for i in range(buffer.rows)] if buffer.full else range(buffer.pos)
+    out = []
+    for r in rows:
+        if not d["valid"][r, env]:
+            continue
+        o = tuple(int(x) for x in buffer.obs[OBS_STATE][r, env])
+        n = tuple(int(x) for x in buffer.next_obs[OBS_STATE][r, env])
+        out.append(
+            (o, n, float(d["reward"][r, env]), bool(d["terminated"][r, env]), bool(d["truncated"][r, env]))
+        )
+    return out
+
+
+def expected(env_id: int, script: list[tuple[int, str]], n_steps: int) -> list[tuple]:
+    """The transitions env `env_id` should have produced: next obs of a last step is the final obs."""
+    out = []
+    for ep, (length, kind) in enumerate([*script, (1000, "R")]):
+        for t in range(length):
+            end = t + 1 == length
+            out.append(
+                (
+                    (env_id, ep, t),
+                    (env_id, ep, t + 1),
+                    10.0 * ep + t + 1,
+                    end and kind == "T",
+                    end and kind == "R",
+                )
+            )
+            if len(out) == n_steps:
+                return out
+    return out
+
+
+# Envs end at different steps, some by termination, some by truncation.
+SCRIPTS_2 = [[(3, "T"), (2, "R"), (4, "T")], [(4, "R"), (1, "T"), (3, "R")]]
+SCRIPTS_3 = [[(2, "T"), (5, "R")], [(3, "R"), (3, "T")], [(6, "T"), (1, "R")]]
+
+
+@pytest.mark.parametrize("scripts", [SCRIPTS_2, SCRIPTS_3], ids=["2envs", "3envs"])
+def test_same_step_autoreset_stores_final_obs(scripts):
+    n_steps = 11
+    buffer = collect(scripts, n_steps, AutoresetMode.SAME_STEP)
+    assert len(buffer) == n_steps * len(scripts)
+    for i, script in enumerate(scripts):
+        assert stored(buffer, i) == expected(i, script, n_steps)
+
+
+@pytest.mark.parametrize("scripts", [SCRIPTS_2, SCRIPTS_3], ids=["2envs", "3envs"])
+def test_next_step_autoreset_skips_reset_steps(scripts):
+    n_steps = 11
+    buffer = collect(scripts, n_steps, AutoresetMode.NEXT_STEP)
+    for i, script in enumerate(scripts):
+        rows = stored(buffer, i)
+        assert rows == expected(i, script, len(rows))
+        # The vector step right after an episode end is gymnasium's reset step: stored as invalid, only it.
+        valid, done = buffer.data["valid"][:n_steps, i], buffer.data["done"][:n_steps, i]
+        assert valid[0] and torch.equal(valid[1:], ~done[:-1])
+
+
+def test_flags_and_bootstrap_mask_in_samples():
+    buffer = collect(SCRIPTS_3, 12, AutoresetMode.SAME_STEP)
+    batch = buffer.sample(512, horizon=1)
+    obs, nxt = batch[OBS_STATE][:, 0], batch[OBS_STATE][:, 1]
+    for k in range(512):
+        env_id, ep, t = (int(x) for x in obs[k])
+        length, kind = ([*SCRIPTS_3[env_id], (1000, "R")])[ep]
+        end = t + 1 == length
+        assert tuple(int(x) for x in nxt[k]) == (env_id, ep, t + 1)
+        assert bool(batch[NEXT_TERMINATED][k, 0]) == (end and kind == "T")
+        assert bool(batch[NEXT_TRUNCATED][k, 0]) == (end and kind == "R")
+        assert bool(batch[NEXT_DONE][k, 0]) == end
+        assert float(batch[NEXT_REWARD][k, 0]) == 10.0 * ep + t + 1
+
+
+@pytest.mark.parametrize("mode", [AutoresetMode.SAME_STEP, AutoresetMode.NEXT_STEP])
+def test_sub_trajectories_stay_inside_episodes(mode):
+    horizon = 3
+    buffer = collect(SCRIPTS_3, 14, mode)
+    batch = buffer.sample(1000, horizon=horizon)
+    o = batch[OBS_STATE]  # (B, H+1, 3)
+    assert o.shape == (1000, horizon + 1, 3)
+    assert batch[ACTION].shape == (1000, horizon, 1)
+    # Same env and episode all along, steps consecutive: no window crosses an episode end.
+    assert torch.all(o[:, :, 0] == o[:, :1, 0]) and torch.all(o[:, :, 1] == o[:, :1, 1])
+    assert torch.all(o[:, 1:, 2] - o[:, :-1, 2] == 1)
+    # Only the last step of a window may end the episode.
+    assert not batch[NEXT_DONE][:, :-1].any()
+    # Every valid start is reachable: the sampled set is exactly the set of windows inside episodes.
+    starts = {tuple(int(x) for x in row) for row in o[:, 0]}
+    want = set()
+    for env_id, script in enumerate(SCRIPTS_3):
+        for rec in stored(buffer, env_id):
+            (_, ep, t) = rec[0]
+            length = ([*script, (1000, "R")])[ep][0]
+            n_seen = sum(1 for r in stored(buffer, env_id) if r[0][1] == ep)
+            if t + horizon <= min(length, n_seen):
+                want.add((env_id, ep, t))
+    assert starts == want
+
+
+def test_episodes_shorter_than_horizon_cannot_be_sampled():
+    buffer = collect([[(1, "T")] * 20], 20, AutoresetMode.SAME_STEP)
+    buffer.sample(8, horizon=1)
+    with pytest.raises(RuntimeError, match="shorter than the horizon"):
+        buffer.sample(8, horizon=2)
+
+
+def test_ring_overwrite_never_mixes_old_and_new_rows():
+    # One endless episode per env (steps 0, 1, 2, ...) in a 2-env buffer of 5 rows: after 13 steps the rows
+    # hold steps 8..12; a window must not wrap from step 12 to step 8.
+    buffer = collect([[], []], 13, AutoresetMode.SAME_STEP, capacity=10)
+    assert buffer.full and len(buffer) == 10
+    o = buffer.sample(500, horizon=2)[OBS_STATE]
+    assert set(o[:, 0, 2].int().tolist()) == {8, 9, 10, 11}
+    assert torch.all(o[:, 1, 2] == o[:, 0, 2] + 1)
+
+
+def test_final_observations_dict_and_array():
+    info = {
+        "final_obs": np.array([None, np.array([7.0, 7.0])], dtype=object),
+        "_final_obs": np.array([False, True]),
+    }
+    out = final_observations(np.zeros((2, 2)), info)
+    np.testing.assert_array_equal(out, [[0, 0], [7, 7]])
+    info_d = {
+        "final_obs": np.array([{"a": np.ones(2)}, None], dtype=object),
+        "_final_obs": np.array([True, False]),
+    }
+    out_d = final_observations({"a": np.zeros((2, 2))}, info_d)
+    np.testing.assert_array_equal(out_d["a"], [[1, 1], [0, 0]])
+
+
+def test_extend_episodes_drops_last_frame_and_truncates():
+    # Two demonstration episodes of 3 and 4 frames -> 2 + 3 transitions.
+    ep = np.array([0, 0, 0, 1, 1, 1, 1])
+    obs = {OBS_STATE: np.arange(7, dtype=np.float32)[:, None]}
+    action = np.arange(7, dtype=np.float32)[:, None] * 10
+    reward = np.arange(7, dtype=np.float32)
+    buffer = ReplayBuffer(7, n_envs=1)
+    assert buffer.extend_episodes(obs, action, reward, ep) == 5
+    rows = stored(buffer, 0)
+    assert [(r[0][0], r[1][0]) for r in rows] == [(0, 1), (1, 2), (3, 4), (4, 5), (5, 6)]
+    assert [r[4] for r in rows] == [False, True, False, False, True]
+    assert not any(r[3] for r in rows)
+    batch = buffer.sample(100, horizon=2)
+    assert torch.all(batch[OBS_STATE][:, 1:, 0] - batch[OBS_STATE][:, :-1, 0] == 1)
+    assert set(batch[OBS_STATE][:, 0, 0].int().tolist()) == {0, 3, 4}
+    torch.testing.assert_close(batch[ACTION][:, :, 0], batch[OBS_STATE][:, :-1, 0] * 10)
+
+
+def test_state_dict_round_trip_and_mixing():
+    buffer = collect(SCRIPTS_2, 9, AutoresetMode.NEXT_STEP)
+    copy = ReplayBuffer(10_000, n_envs=2)
+    copy.load_state_dict(buffer.state_dict())
+    assert len(copy) == len(buffer) and copy.pos == buffer.pos
+    for key in ("valid", "episode", "step", "reward"):
+        torch.testing.assert_close(copy.data[key], buffer.data[key])
+    torch.testing.assert_close(copy.sample(64, 2)[OBS_STATE], buffer.sample(64, 2)[OBS_STATE])
+    with pytest.raises(ValueError, match="same buffer_capacity"):
+        ReplayBuffer(100, n_envs=2).load_state_dict(buffer.state_dict())
+
+    offline = ReplayBuffer(100, n_envs=1)
+    offline.extend_episodes(
+        {OBS_STATE: -np.ones((50, 3), np.float32)}, np.zeros((50, 1)), np.zeros(50), np.zeros(50)
+    )
+    mixed = sample_mixed(buffer, offline, 40, 2, offline_ratio=0.25)
+    assert mixed[OBS_STATE].shape == (40, 3, 3)
+    assert int((mixed[OBS_STATE][:, 0, 0] == -1).sum()) == 10
