@@ -137,7 +137,9 @@ def validate_config(cfg: DictConfig | dict) -> DictConfig:
     try:
         merged = OmegaConf.merge(OmegaConf.structured(RootConfig), cfg)
     except OmegaConfBaseException as e:
-        raise ConfigError(f"invalid config: {_first_line(e)}") from None
+        key = getattr(e, "full_key", None)
+        where = f" at {key}" if key else ""
+        raise ConfigError(f"invalid config{where}: {_first_line(e)}") from None
     for key, feat in merged.env.features.items():
         if feat.kind not in FEATURE_KINDS:
             raise ConfigError(f"env.features.{key}.kind={feat.kind!r}: expected one of {FEATURE_KINDS}")

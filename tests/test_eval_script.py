@@ -19,9 +19,19 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_eval_script_random_policy_writes_metrics_and_video(tmp_path):
     out = tmp_path / "eval"
-    cmd = [sys.executable, str(REPO / "scripts/eval.py"), "policy=random", "env=pusht", "eval.n_episodes=3",
-           "eval.batch_size=2", "eval.use_async_envs=false", "env.max_episode_steps=15", "eval.max_episodes_rendered=1",
-           "--output-dir", str(out)]
+    cmd = [
+        sys.executable,
+        str(REPO / "scripts/eval.py"),
+        "policy=random",
+        "env=pusht",
+        "eval.n_episodes=3",
+        "eval.batch_size=2",
+        "eval.use_async_envs=false",
+        "env.max_episode_steps=15",
+        "eval.max_episodes_rendered=1",
+        "--output-dir",
+        str(out),
+    ]
     result = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert result.returncode == 0, result.stderr
     assert '"pc_success"' in result.stdout and '"avg_max_reward"' in result.stdout
@@ -36,8 +46,21 @@ def test_eval_checkpoint_round_trip(tmp_path):
     cfg = compose_config(["policy=scripted", "env=pusht_keypoints", "env.max_episode_steps=10"])
     policy = make_policy(make_policy_config(cfg.policy, env_config(cfg)))
     ckpt = save_checkpoint(tmp_path / "run", 0, policy, cfg)
-    assert eval_main(["--checkpoint", str(tmp_path / "run"), "eval.n_episodes=2", "eval.batch_size=2",
-                      "eval.use_async_envs=false", "eval.max_episodes_rendered=0", "--output-dir", str(tmp_path / "e")]) == 0
+    assert (
+        eval_main(
+            [
+                "--checkpoint",
+                str(tmp_path / "run"),
+                "eval.n_episodes=2",
+                "eval.batch_size=2",
+                "eval.use_async_envs=false",
+                "eval.max_episodes_rendered=0",
+                "--output-dir",
+                str(tmp_path / "e"),
+            ]
+        )
+        == 0
+    )
     assert json.loads((tmp_path / "e" / "eval_info.json").read_text())["aggregated"]["env_steps"] == 20
     assert eval_main(["--checkpoint", str(ckpt), "env=pusht"]) == 2
 

@@ -56,7 +56,9 @@ def make_policy_config(policy_section: DictConfig | dict, env_cfg: EnvConfig) ->
     try:
         merged = OmegaConf.merge(OmegaConf.structured(config_cls), section)
     except OmegaConfBaseException as e:
-        raise ConfigError(f"invalid policy config: {str(e).strip().splitlines()[0]}") from None
+        key = getattr(e, "full_key", None)
+        where = f" at policy.{key}" if key else ""
+        raise ConfigError(f"invalid policy config{where}: {str(e).strip().splitlines()[0]}") from None
     cfg: PolicyConfig = OmegaConf.to_object(merged)
     cfg.input_features = env_cfg.input_features()
     cfg.output_features = env_cfg.output_features()

@@ -86,16 +86,28 @@ def train_offline(cfg: DictConfig) -> Path:
     )
 
     step = 0
-    if resume_from is not None:
-        state = load_training_state(resume_from)
+    state = load_training_state(resume_from) if resume_from is not None else None
+    if state is not None:
         policy.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         if ema is not None:
             ema.load_state_dict(state["ema"])
         step = state["step"]
-        set_rng_state(state["rng"])
         log.info("resumed from %s at step %d", resume_from, step)
+    # Creating the loader iterator draws from the global RNG (its base seed), so it is created before the
+    # saved RNG state is restored: after that, a resumed run consumes random numbers exactly as the
+    # uninterrupted one did.
+    batches = cycle_batches(
+        dataset,
+        batch_size=batch_size,
+        seed=cfg.seed,
+        start_step=step,
+        num_workers=cfg.training.num_workers,
+        pin_memory=device.type == "cuda",
+    )
+    if state is not None:
+        set_rng_state(state["rng"])
     logger = MetricsLogger(run_dir, cfg, resume_step=step if resume_from is not None else None)
 
     def checkpoint() -> None:
@@ -111,14 +123,6 @@ def train_offline(cfg: DictConfig) -> Path:
             eval_weights = {k: v.clone() for k, v in policy.state_dict().items()}
         save_checkpoint(run_dir, step, policy, cfg, training_state, eval_state_dict=eval_weights)
 
-    batches = cycle_batches(
-        dataset,
-        batch_size=batch_size,
-        seed=cfg.seed,
-        start_step=step,
-        num_workers=cfg.training.num_workers,
-        pin_memory=device.type == "cuda",
-    )
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.training.use_amp)
     bar = tqdm(total=cfg.training.steps, initial=step, desc="train", dynamic_ncols=True)
     data_s = update_s = 0.0

@@ -1,0 +1,153 @@
+"""scripts/train.py end to end on a tiny synthetic dataset: checkpoints, eval, exact resume, NaN stop."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from test_dataset import ZARR, write_fake_zarr
+
+import lerobot.training.offline as offline
+from lerobot.cli import eval_main, train_main
+
+TINY = [
+    "policy=diffusion",
+    "policy.down_dims=[16,32]",
+    "policy.diffusion_step_embed_dim=8",
+    "policy.n_groups=4",
+    "policy.num_inference_steps=3",
+    "policy.scheduler_warmup_steps=2",
+    "training.batch_size=4",
+    "training.num_workers=0",
+    "training.log_freq=1",
+    "eval.n_episodes=2",
+    "eval.batch_size=2",
+    "eval.use_async_envs=false",
+    "eval.max_episodes_rendered=1",
+    "env.max_episode_steps=8",
+]
+# An 8x8 camera keeps the image model tiny (gym-pusht renders observations at any size).
+TINY_IMAGE = [
+    "env=pusht",
+    "env.gym_kwargs.observation_width=8",
+    "env.gym_kwargs.observation_height=8",
+    "env.features={observation.image: {shape: [3, 8, 8]}}",
+    "policy.crop_shape=[6,6]",
+    "policy.spatial_softmax_num_keypoints=4",
+]
+
+
+@pytest.fixture(scope="module")
+def data_args(tmp_path_factory) -> list[str]:
+    base = tmp_path_factory.mktemp("data")
+    write_fake_zarr(base / "root" / ZARR, lengths=[20, 25, 18, 30])
+    return [f"dataset.root={base / 'root'}", f"dataset.cache_dir={base / 'cache'}"]
+
+
+def metrics(run_dir: Path, split: str = "train") -> list[dict]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["split"] == split]
+
+
+def test_train_images_then_eval_checkpoint(tmp_path, data_args):
+    run = tmp_path / "run"
+    args = [
+        *TINY,
+        *TINY_IMAGE,
+        *data_args,
+        "training.steps=3",
+        "training.save_freq=2",
+        "eval.freq=3",
+        f"output_dir={run}",
+    ]
+    assert train_main(args) == 0
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["000000002", "000000003", "last"]
+    assert (run / "curves.png").stat().st_size > 0
+    assert [r["step"] for r in metrics(run)] == [1, 2, 3]
+    assert {"loss", "grad_norm", "lr", "data_s", "update_s", "samples_per_s"} <= set(metrics(run)[0])
+    assert metrics(run, "eval")[0]["env_steps"] == 16
+    assert len(list((run / "eval").rglob("*.mp4"))) == 1
+    out = tmp_path / "eval"
+    assert eval_main(["--checkpoint", str(run), "eval.n_episodes=2", "--output-dir", str(out)]) == 0
+    info = json.loads((out / "eval_info.json").read_text())
+    assert [e["n_steps"] for e in info["per_episode"]] == [8, 8]
+
+
+def test_resume_is_exact(tmp_path, data_args, monkeypatch):
+    common = [
+        *TINY,
+        "env=pusht_keypoints",
+        *data_args,
+        "training.steps=6",
+        "training.save_freq=3",
+        "eval.freq=0",
+    ]
+    straight = tmp_path / "straight"
+    assert train_main([*common, f"output_dir={straight}"]) == 0
+
+    resumed = tmp_path / "resumed"
+    real_save = offline.save_checkpoint
+
+    def save_then_crash(run_dir, step, *args, **kwargs):
+        path = real_save(run_dir, step, *args, **kwargs)
+        if step == 3:
+            raise KeyboardInterrupt  # the process dies right after the step-3 checkpoint
+        return path
+
+    monkeypatch.setattr(offline, "save_checkpoint", save_then_crash)
+    with pytest.raises(KeyboardInterrupt):
+        train_main([*common, f"output_dir={resumed}"])
+    monkeypatch.setattr(offline, "save_checkpoint", real_save)
+    assert train_main([*common, f"output_dir={resumed}", "training.resume=true"]) == 0
+
+    assert [r["loss"] for r in metrics(resumed)] == [r["loss"] for r in metrics(straight)]
+    for name in ("model.safetensors",):
+        a = load_file(straight / "checkpoints/000000006" / name)
+        b = load_file(resumed / "checkpoints/000000006" / name)
+        assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_nan_loss_stops_with_step_and_keeps_last_checkpoint(tmp_path, data_args, monkeypatch, capsys):
+    from lerobot.policies.diffusion.modeling import DiffusionPolicy
+
+    real_forward = DiffusionPolicy.forward
+    calls = {"n": 0}
+
+    def nan_on_third(self, batch):
+        calls["n"] += 1
+        out = real_forward(self, batch)
+        if calls["n"] == 3:
+            out["loss"] = out["loss"] * float("nan")
+        return out
+
+    monkeypatch.setattr(DiffusionPolicy, "forward", nan_on_third)
+    run = tmp_path / "run"
+    args = [
+        *TINY,
+        "env=pusht_keypoints",
+        *data_args,
+        "training.steps=5",
+        "training.save_freq=2",
+        "eval.freq=0",
+        f"output_dir={run}",
+    ]
+    assert train_main(args) == 2
+    err = capsys.readouterr().err
+    assert "step 3" in err and "nan" in err.lower()
+    assert (run / "checkpoints" / "last").resolve().name == "000000002"
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["training.bogus=1"], "bogus"),
+        (["training.steps=abc"], "training.steps"),
+        (["env=pendulum"], "policy"),  # Diffusion Policy needs an image or keypoints input
+        (["training.resume=true"], "output_dir"),
+    ],
+)
+def test_config_errors_stop_at_start(args, message, capsys):
+    assert train_main(["policy=diffusion", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1, err
