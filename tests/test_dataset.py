@@ -384,6 +384,15 @@ def test_float_noise_in_offsets_is_tolerated(fake):
     assert ds[0]["action"].shape == (16, 2)
 
 
+def test_delta_timestamps_from_a_hydra_config(fake):
+    from omegaconf import OmegaConf
+
+    delta = OmegaConf.create({"action": [-0.1, 0.0, 0.1]})
+    ds = EpisodeDataset(fake[1], delta_timestamps=delta, keys=["action"])
+    assert ds.delta_timestamps == {"action": [-0.1, 0.0, 0.1]}
+    assert ds[3]["action_is_pad"].tolist() == [True, False, False]
+
+
 # ------------------------------------------------------------------------------------------ statistics
 
 
