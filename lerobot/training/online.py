@@ -333,7 +333,7 @@ def train_online(cfg: DictConfig, progress: bool = True) -> Path:
                 updates += 1
                 n_logged_updates += 1
                 for k, v in out.items():
-                    sums[k] += float(v)
+                    sums[k] += float(v.detach())
                 sums["grad_norm"] += float(grad_norm)
             update_s += time.perf_counter() - t0
             train_time_s += time.perf_counter() - t_collect

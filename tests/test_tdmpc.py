@@ -1,0 +1,238 @@
+"""TD-MPC: planner shapes/bounds/determinism/batch independence, per-env reset, losses and target update."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lerobot.config import ConfigError, FeatureConfig
+from lerobot.constants import ACTION, NEXT_REWARD, OBS_ENV_STATE, OBS_STATE
+from lerobot.policies.tdmpc import TDMPCConfig, TDMPCPolicy
+from lerobot.policies.tdmpc.modeling import NEXT_TERMINATED
+
+# PushT-like bounds: pixels 0..512, so unnormalisation is visible (not symmetric around 0).
+FEATURES_IN = {
+    OBS_STATE: FeatureConfig(shape=[2], kind="state", low=[0.0, 0.0], high=[512.0, 512.0]),
+    OBS_ENV_STATE: FeatureConfig(shape=[4], kind="env_state", low=[0.0], high=[512.0]),
+}
+FEATURES_OUT = {ACTION: FeatureConfig(shape=[2], kind="action", low=[0.0, 100.0], high=[512.0, 200.0])}
+
+
+def tiny_config(**kw) -> TDMPCConfig:
+    defaults = dict(
+        latent_dim=16,
+        enc_dim=32,
+        mlp_dim=32,
+        n_q=3,
+        n_q_min=2,
+        horizon=3,
+        iterations=2,
+        num_samples=16,
+        num_elites=4,
+        num_pi_trajs=2,
+        input_features=FEATURES_IN,
+        output_features=FEATURES_OUT,
+    )
+    defaults.update(kw)
+    return TDMPCConfig(**defaults)
+
+
+def make_policy(seed: int = 0, **kw) -> TDMPCPolicy:
+    torch.manual_seed(seed)
+    policy = TDMPCPolicy(tiny_config(**kw))
+    # Non-zero Q and reward heads, so that planning has something to optimise.
+    with torch.no_grad():
+        policy.model.q_ensemble.weights[-1].normal_(0, 0.5)
+        policy.model.reward_head[-1].weight.normal_(0, 0.5)
+    return policy.eval()
+
+
+def observations(batch_size: int, seed: int = 1) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        OBS_STATE: torch.rand(batch_size, 2, generator=g) * 512,
+        OBS_ENV_STATE: torch.rand(batch_size, 4, generator=g) * 512,
+    }
+
+
+def test_plan_shapes_and_bounds():
+    policy = make_policy()
+    obs = {k: v.unsqueeze(1) for k, v in observations(5).items()}  # (B, n_obs_steps=1, D)
+    chunk = policy.predict_action_chunk(obs)
+    assert chunk.shape == (5, 3, 2)
+    assert torch.all(chunk[..., 0] >= 0) and torch.all(chunk[..., 0] <= 512)
+    assert torch.all(chunk[..., 1] >= 100) and torch.all(chunk[..., 1] <= 200)
+    action = policy.select_action(observations(5))
+    assert action.shape == (5, 2)
+    policy.explore = True
+    explored = policy.select_action(observations(5))
+    assert torch.all(explored[:, 1] >= 100) and torch.all(explored[:, 1] <= 200)
+
+
+def test_plan_is_deterministic_under_a_seed():
+    a, b = make_policy(), make_policy()
+    obs = observations(4)
+    for policy in (a, b):
+        policy.set_planner_seed(7)
+    plans_a = [a.select_action(obs) for _ in range(3)]
+    plans_b = [b.select_action(obs) for _ in range(3)]
+    for x, y in zip(plans_a, plans_b):
+        torch.testing.assert_close(x, y, rtol=0, atol=0)
+    c = make_policy()
+    c.set_planner_seed(8)
+    assert not torch.allclose(c.select_action(obs), plans_a[0])
+    # reset() reseeds: the first plan after it is the first plan of the seed again.
+    a.reset()
+    torch.testing.assert_close(a.select_action(obs), plans_a[0], rtol=0, atol=0)
+
+
+def test_batch_independence_with_warm_start():
+    """Planning B envs together gives each env what planning it alone (same seed) would, call after call."""
+    seeds = [11, 12, 13]
+    obs_seq = [observations(3, seed=s) for s in range(4)]
+    together = make_policy()
+    together.set_planner_seed(seeds)
+    batched = [together.select_action(o) for o in obs_seq]  # 4 calls, warm-started from the previous plan
+    for b, seed in enumerate(seeds):
+        alone = make_policy()
+        alone.set_planner_seed([seed])
+        for t, o in enumerate(obs_seq):
+            single = alone.select_action({k: v[b : b + 1] for k, v in o.items()})
+            torch.testing.assert_close(single[0], batched[t][b], rtol=1e-4, atol=1e-3)
+
+
+def test_per_env_reset_and_subset_refill():
+    """n_action_steps=2 with one env reset mid-chunk: the planner refills only that env, from its own state."""
+    obs_seq = [observations(2, seed=s) for s in range(3)]
+
+    def run(policy, obs_list, reset_at_1=None):
+        out = []
+        for t, o in enumerate(obs_list):
+            if t == 1 and reset_at_1 is not None:
+                policy.reset(reset_at_1)
+            out.append(policy.select_action(o))
+        return out
+
+    both = make_policy(n_action_steps=2)
+    both.set_planner_seed([5, 6])
+    actions = run(both, obs_seq, reset_at_1=[1])  # env 1 restarts at step 1; env 0 keeps its queue
+    env0 = make_policy(n_action_steps=2)
+    env0.set_planner_seed([5])
+    ref0 = run(env0, [{k: v[:1] for k, v in o.items()} for o in obs_seq])
+    env1 = make_policy(n_action_steps=2)
+    env1.set_planner_seed([6])
+    ref1 = run(env1, [{k: v[1:] for k, v in o.items()} for o in obs_seq], reset_at_1=[0])
+    for t in range(3):
+        torch.testing.assert_close(actions[t][0], ref0[t][0], rtol=1e-4, atol=1e-3)
+        torch.testing.assert_close(actions[t][1], ref1[t][0], rtol=1e-4, atol=1e-3)
+
+
+def training_batch(batch_size: int = 8, horizon: int = 3, seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        OBS_STATE: torch.rand(batch_size, horizon + 1, 2, generator=g) * 512,
+        OBS_ENV_STATE: torch.rand(batch_size, horizon + 1, 4, generator=g) * 512,
+        ACTION: torch.stack(
+            [
+                torch.rand(batch_size, horizon, generator=g) * 512,
+                100 + torch.rand(batch_size, horizon, generator=g) * 100,
+            ],
+            dim=-1,
+        ),
+        NEXT_REWARD: torch.randn(batch_size, horizon, generator=g),
+        NEXT_TERMINATED: torch.zeros(batch_size, horizon, dtype=torch.bool),
+    }
+
+
+def test_losses_match_closed_form_at_init():
+    """Fresh model: reward head and Q outputs are 0, Q set to a constant c, so the losses have closed forms."""
+    torch.manual_seed(0)
+    policy = TDMPCPolicy(tiny_config(discount=0.9, rho=0.5))
+    c = 2.0
+    with torch.no_grad():
+        for model in (policy.model, policy.model_target):
+            model.q_ensemble.biases[-1].fill_(c)  # last weights are zero: Q == c everywhere
+    batch = training_batch()
+    batch[NEXT_TERMINATED][:4, -1] = True  # terminations stop bootstrapping
+    out = policy(batch)
+    r, term = batch[NEXT_REWARD], batch[NEXT_TERMINATED].float()
+    w = 0.5 ** torch.arange(3.0)
+    td = r + 0.9 * (1 - term) * c
+    value = (w * (3 * (c - td) ** 2).mean(0)).sum() / 3  # summed over the n_q=3 members
+    reward = (w * (r**2).mean(0)).sum() / 3
+    torch.testing.assert_close(out["value_loss"], value)
+    torch.testing.assert_close(out["reward_loss"], reward)
+    torch.testing.assert_close(out["td_target_mean"], td.mean())
+    # Policy objective: -Q / max(|Q| scale, 1) weighted by rho over H+1 latents.
+    scale = max(float(policy.q_scale), 1.0)
+    w_pi = 0.5 ** torch.arange(4.0)
+    torch.testing.assert_close(out["policy_loss"], -(w_pi * c / scale).sum() / 4)
+
+
+def test_forward_backward_and_gradient_isolation():
+    policy = TDMPCPolicy(tiny_config()).train()
+    out = policy(training_batch())
+    assert set(out) >= {"loss", "consistency_loss", "reward_loss", "value_loss", "policy_loss"}
+    assert torch.isfinite(out["loss"])
+    out["loss"].backward()
+    for name, p in policy.model.named_parameters():
+        assert p.grad is not None, name
+    assert all(p.grad is None for p in policy.model_target.parameters())
+
+    # The policy term trains pi alone (Q weights and latents are detached).
+    only_pi = TDMPCPolicy(tiny_config(consistency_coeff=0.0, reward_coeff=0.0, value_coeff=0.0)).train()
+    with torch.no_grad():
+        only_pi.model.q_ensemble.weights[-1].normal_()
+    only_pi(training_batch())["loss"].backward()
+    grads = {n: (p.grad is not None and p.grad.abs().sum() > 0) for n, p in only_pi.model.named_parameters()}
+    assert any(v for n, v in grads.items() if n.startswith("pi_head"))
+    assert not any(v for n, v in grads.items() if not n.startswith("pi_head"))
+
+
+def test_a_few_updates_fit_a_batch():
+    torch.manual_seed(0)
+    policy = TDMPCPolicy(tiny_config()).train()
+    batch = training_batch()
+    opt = torch.optim.Adam([p for p in policy.parameters() if p.requires_grad], lr=3e-3)
+    first = policy(batch)
+    for _ in range(30):
+        out = policy(batch)
+        opt.zero_grad()
+        out["loss"].backward()
+        opt.step()
+        policy.update_target()
+    assert out["reward_loss"] < 0.5 * first["reward_loss"]
+
+
+def test_update_target_is_an_ema():
+    policy = TDMPCPolicy(tiny_config())
+    online = policy.model.encoder[0].weight
+    target = policy.model_target.encoder[0].weight
+    torch.testing.assert_close(online, target)
+    with torch.no_grad():
+        online.add_(1.0)
+    before = target.clone()
+    policy.update_target(tau=0.25)
+    torch.testing.assert_close(target, before + 0.25)
+    policy.update_target(tau=1.0)
+    torch.testing.assert_close(target, online)
+
+
+def test_state_dict_carries_bounds_and_target():
+    policy = TDMPCPolicy(tiny_config())
+    keys = set(policy.state_dict())
+    assert "normalizer.action_center" in keys and "normalizer.observation_state_half_range" in keys
+    assert any(k.startswith("model_target.") for k in keys) and "q_scale" in keys
+
+
+def test_config_validation():
+    with pytest.raises(ConfigError, match="image"):
+        tiny_config(
+            input_features={"observation.image": FeatureConfig(shape=[3, 8, 8], kind="visual")}
+        ).validate()
+    with pytest.raises(ConfigError, match="low/high"):
+        tiny_config(input_features={OBS_STATE: FeatureConfig(shape=[2], kind="state")}).validate()
+    with pytest.raises(ConfigError, match="multiple"):
+        tiny_config(latent_dim=20).validate()
+    with pytest.raises(ConfigError, match="n_q_min"):
+        tiny_config(n_q_min=4).validate()
