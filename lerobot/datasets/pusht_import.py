@@ -30,6 +30,7 @@ Frame semantics of the derived features, for the frame `t` of an episode with fr
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
 import time
@@ -74,6 +75,8 @@ from lerobot.datasets.format import (
     write_json_atomic,
 )
 from lerobot.datasets.pusht_rules import block_keypoints, coverage_reward
+
+log = logging.getLogger(__name__)
 
 PUSHT_URL = "https://diffusion-policy.cs.columbia.edu/data/training/pusht.zip"
 ZARR_NAME = "pusht_cchi_v7_replay.zarr"
@@ -250,7 +253,7 @@ def open_pusht_zarr(path: Path) -> dict[str, Any]:
     Raises:
         DatasetError: naming the store or array and the problem.
     """
-    import zarr
+    import zarr  # imported here: only conversion needs it, loading a converted dataset does not
 
     path = Path(path)
     try:
@@ -391,7 +394,7 @@ def convert_pusht_zarr(zarr_path: Path, out_dir: Path, force: bool = False) -> P
         _install(tmp, out_dir, fingerprint)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"converted {zarr_path} -> {out_dir} in {seconds:.1f} s")
+    log.info("converted %s -> %s in %.1f s", zarr_path, out_dir, seconds)
     return out_dir
 
 
