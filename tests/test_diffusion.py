@@ -14,6 +14,7 @@ from torch import Tensor, nn
 from lerobot.config import ConfigError, EnvConfig, FeatureConfig
 from lerobot.policies.diffusion.configuration import DiffusionConfig
 from lerobot.policies.diffusion.modeling import DiffusionPolicy, edge_pad_actions
+from lerobot.policies.diffusion.unet import TemporalConv1d
 from lerobot.policies.diffusion.vision import RgbEncoder, SpatialSoftmax, center_crop, random_crop
 from lerobot.policies.factory import make_policy, make_policy_config
 
@@ -144,6 +145,21 @@ def test_yaml_and_factory_build_both_paper_configs():
     # The paper's CNN-based image policy has about 260M parameters (ResNet-18 11.2M + U-Net 251.5M).
     assert 255e6 < counts["pusht"] < 270e6
     assert 60e6 < counts["pusht_keypoints"] < 66e6
+
+
+# ---------------------------------------------------------------------- U-Net
+@pytest.mark.parametrize(
+    ("kernel", "stride", "padding", "length"), [(5, 1, 2, 16), (3, 2, 1, 16), (3, 2, 1, 5), (1, 1, 0, 4)]
+)
+def test_matmul_convolution_equals_conv1d(kernel, stride, padding, length):
+    conv = TemporalConv1d(6, 8, kernel, stride=stride, padding=padding)
+    reference = nn.Conv1d(6, 8, kernel, stride=stride, padding=padding)
+    reference.load_state_dict(conv.state_dict())  # same parameters, same state dict
+    x = torch.randn(3, 6, length, requires_grad=True)
+    torch.testing.assert_close(conv(x), reference(x))
+    (grad,) = torch.autograd.grad(conv(x).square().sum(), x)
+    (expected,) = torch.autograd.grad(reference(x).square().sum(), x)
+    torch.testing.assert_close(grad, expected)
 
 
 # ---------------------------------------------------------------------- vision
