@@ -9,6 +9,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -61,21 +62,22 @@ class Policy(nn.Module, abc.ABC):
         """Hook for per-env state of a subclass (e.g. a planner's previous plan); `None` means all envs."""
 
     # ----------------------------------------------------------------- shared logic
-    def reset(self, env_ids: Sequence[int] | Tensor | None = None) -> None:
+    def reset(self, env_ids: Sequence[int] | Tensor | np.ndarray | None = None) -> None:
         """Clear observation history and action queue, for all envs (`None`) or only for `env_ids`."""
         if env_ids is None:
-            self._history: dict[str, Tensor] | None = None
+            self._history: dict[str, Tensor] | None = None  # key -> (B, n_obs_steps, ...)
             self._queue: Tensor | None = None  # (B, n_action_steps, action_dim)
-            self._queue_pos: Tensor | None = None  # (B,) index of the next action; n_action_steps = empty
-            self._fresh: Tensor | None = None  # (B,) bool: next observation fills the whole history
+            # Bookkeeping stays in numpy: checking it costs no tensor op (and no device sync) per step.
+            self._queue_pos = np.zeros(0, dtype=np.int64)  # (B,) next action index; n_action_steps = empty
+            self._fresh = np.zeros(0, dtype=bool)  # (B,) the next observation fills the whole history
             self.on_reset(None)
             return
         if self._history is None:
             return
-        ids = torch.as_tensor(env_ids, dtype=torch.long, device=self._queue_pos.device)
+        ids = np.asarray(env_ids.cpu() if isinstance(env_ids, Tensor) else env_ids, dtype=np.int64)
         self._queue_pos[ids] = self.n_action_steps
         self._fresh[ids] = True
-        self.on_reset(ids)
+        self.on_reset(torch.from_numpy(ids))
 
     @torch.no_grad()
     def select_action(self, batch: dict[str, Tensor]) -> Tensor:
@@ -85,37 +87,45 @@ class Policy(nn.Module, abc.ABC):
             raise KeyError(
                 f"select_action needs observation keys (starting with {OBS_PREFIX!r}), got {list(batch)}"
             )
-        batch_size = next(iter(obs.values())).shape[0]
-        device = next(iter(obs.values())).device
-        if self._history is None or self._fresh.shape[0] != batch_size or set(self._history) != set(obs):
+        first = next(iter(obs.values()))
+        batch_size = first.shape[0]
+        if self._history is None or self._fresh.shape[0] != batch_size or self._history.keys() != obs.keys():
             self._history = {
-                k: v.unsqueeze(1).repeat_interleave(self.n_obs_steps, dim=1) for k, v in obs.items()
+                k: v.unsqueeze(1).expand(-1, self.n_obs_steps, *v.shape[1:]) for k, v in obs.items()
             }
-            self._fresh = torch.zeros(batch_size, dtype=torch.bool, device=device)
-            self._queue_pos = torch.full((batch_size,), self.n_action_steps, dtype=torch.long, device=device)
+            self._fresh = np.zeros(batch_size, dtype=bool)
+            self._queue_pos = np.full(batch_size, self.n_action_steps, dtype=np.int64)
             self._queue = None
         else:
-            fresh = self._fresh
+            fresh_ids = np.flatnonzero(self._fresh) if self.n_obs_steps > 1 and self._fresh.any() else None
             for key, value in obs.items():
+                if self.n_obs_steps == 1:
+                    self._history[key] = value.unsqueeze(1)
+                    continue
                 rolled = torch.cat([self._history[key][:, 1:], value.unsqueeze(1)], dim=1)
-                if fresh.any():
-                    filled = value.unsqueeze(1).expand_as(rolled)
-                    mask = fresh.view(-1, *([1] * (rolled.ndim - 1)))
-                    rolled = torch.where(mask, filled, rolled)
+                if fresh_ids is not None:
+                    ids = torch.from_numpy(fresh_ids).to(value.device)
+                    rolled[ids] = value[ids].unsqueeze(1)
                 self._history[key] = rolled
-            self._fresh = torch.zeros_like(fresh)
+            self._fresh[:] = False
 
         empty = self._queue_pos >= self.n_action_steps
         if empty.all():
             self._fill_queue(self._history, None)
         elif empty.any():
-            ids = empty.nonzero().squeeze(1)
-            self._fill_queue({k: v[ids] for k, v in self._history.items()}, ids)
-        action = self._queue[torch.arange(batch_size, device=device), self._queue_pos]
+            ids = np.flatnonzero(empty)
+            index = torch.from_numpy(ids).to(first.device)
+            self._fill_queue({k: v[index] for k, v in self._history.items()}, ids)
+        pos = self._queue_pos
+        if (pos == pos[0]).all():
+            action = self._queue[:, pos[0]]
+        else:
+            rows = torch.arange(batch_size, device=self._queue.device)
+            action = self._queue[rows, torch.from_numpy(pos).to(self._queue.device)]
         self._queue_pos += 1
         return action
 
-    def _fill_queue(self, history: dict[str, Tensor], ids: Tensor | None) -> None:
+    def _fill_queue(self, history: dict[str, Tensor], ids: np.ndarray | None) -> None:
         chunk = self.predict_action_chunk(dict(history))
         n_envs = next(iter(history.values())).shape[0]
         if chunk.ndim != 3 or chunk.shape[0] != n_envs or chunk.shape[1] < self.n_action_steps:
@@ -125,11 +135,12 @@ class Policy(nn.Module, abc.ABC):
             )
         chunk = chunk[:, : self.n_action_steps]
         if ids is None:
-            self._queue = chunk.clone()
-            self._queue_pos.zero_()
-        else:
-            if self._queue is None:
-                batch_size = self._queue_pos.shape[0]
-                self._queue = chunk.new_zeros(batch_size, *chunk.shape[1:])
-            self._queue[ids] = chunk
-            self._queue_pos[ids] = 0
+            self._queue = chunk
+            self._queue_pos[:] = 0
+            return
+        if self._queue is None:
+            self._queue = chunk.new_zeros(self._queue_pos.shape[0], *chunk.shape[1:])
+        elif self._queue.data_ptr() == chunk.data_ptr() or not self._queue.is_contiguous():
+            self._queue = self._queue.clone()
+        self._queue[torch.from_numpy(ids).to(chunk.device)] = chunk
+        self._queue_pos[ids] = 0
