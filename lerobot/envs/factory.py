@@ -73,7 +73,7 @@ def make_env(
 def measure_step_ms(env_cfg_key: tuple, n_steps: int = 50) -> float:
     """Median wall time (ms) of one single-env step with random actions, rendering included."""
     gym_id, max_steps, kwargs = env_cfg_key
-    env = _make_single_env(gym_id, max_steps, dict(kwargs), None)
+    env = _make_single_env(gym_id, max_steps, dict(kwargs), "rgb_array")
     env.reset(seed=0)
     times = []
     for _ in range(n_steps):

@@ -1,0 +1,86 @@
+"""Shared benchmark helpers: machine facts, medians, JSON results, env configs."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+
+from lerobot.cli import CONFIG_DIR
+from lerobot.config import EnvConfig, env_config, validate_config
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def machine_info() -> dict:
+    """CPU model, core count, AMX support, library versions: recorded with every result."""
+    cpu = platform.processor()
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name") and not cpu:
+                    cpu = line.split(":", 1)[1].strip()
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                if line.startswith("flags"):
+                    flags = line
+                    break
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "amx_bf16": "amx_bf16" in flags,
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "python": platform.python_version(),
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "load_avg_1m": os.getloadavg()[0],
+    }
+
+
+def load_env(name: str, **overrides) -> EnvConfig:
+    """An env config from `configs/env/<name>.yaml` with field overrides (e.g. max_episode_steps)."""
+    cfg = validate_config({"env": OmegaConf.load(CONFIG_DIR / "env" / f"{name}.yaml")})
+    for key, value in overrides.items():
+        cfg.env[key] = value
+    return env_config(cfg)
+
+
+def median_of(fn: Callable[[], float], repeats: int) -> tuple[float, list[float]]:
+    """Run `fn` (returning one measurement) `repeats` times; return the median and all values."""
+    values = [fn() for _ in range(repeats)]
+    return statistics.median(values), values
+
+
+def save_results(name: str, rows: list[dict], extra: dict | None = None) -> Path:
+    """Write `benchmarks/results/<name>.json` with the machine facts (atomically)."""
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    path = RESULTS_DIR / f"{name}.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps({"machine": machine_info(), "rows": rows, **(extra or {})}, indent=2))
+    tmp.replace(path)
+    return path
+
+
+def print_table(rows: list[dict], columns: list[str]) -> None:
+    """Print rows as an aligned text table."""
+    widths = {c: max(len(c), *(len(_fmt(r.get(c))) for r in rows)) for c in columns}
+    print("  ".join(c.rjust(widths[c]) for c in columns))
+    for row in rows:
+        print("  ".join(_fmt(row.get(c)).rjust(widths[c]) for c in columns))
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
+    return str(value)

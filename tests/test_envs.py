@@ -1,0 +1,58 @@
+"""make_env and the sync/async choice."""
+
+import pytest
+from gymnasium.vector import AsyncVectorEnv, SyncVectorEnv
+from omegaconf import OmegaConf
+
+import lerobot.envs.factory as factory
+from lerobot.config import ConfigError, env_config, validate_config
+from lerobot.envs import make_env, observation_to_batch, resolve_use_async
+
+
+def load(name: str):
+    return env_config(validate_config({"env": OmegaConf.load(f"configs/env/{name}.yaml")}))
+
+
+@pytest.mark.parametrize("use_async,cls", [(False, SyncVectorEnv), (True, AsyncVectorEnv)])
+def test_make_env_kinds_and_time_limit(use_async, cls):
+    env = make_env(load("pusht_keypoints"), 2, use_async=use_async)
+    try:
+        assert isinstance(env, cls) and env.num_envs == 2
+        assert env.get_attr("spec")[0].max_episode_steps == 300
+        obs, _ = env.reset(seed=0)
+        batch = observation_to_batch(obs)
+        assert batch["observation.environment_state"].shape == (2, 16)
+        assert batch["observation.state"].shape == (2, 2)
+    finally:
+        env.close()
+
+
+def test_pendulum_plain_array_observation():
+    env = make_env(load("pendulum"), 3)
+    obs, _ = env.reset(seed=0)
+    assert observation_to_batch(obs)["observation.state"].shape == (3, 3)
+    env.close()
+
+
+def test_bad_env_config_is_named():
+    cfg = load("pusht_keypoints")
+    with pytest.raises(ConfigError, match="n_envs"):
+        make_env(cfg, 0)
+    cfg.gym_id = "gym_pusht/Nope-v0"
+    with pytest.raises(ConfigError, match="unknown gym id"):
+        make_env(cfg, 1)
+
+
+def test_use_async_auto_follows_measured_step_cost(monkeypatch):
+    cfg = load("pusht")
+    assert resolve_use_async("true", cfg, 1) is True
+    assert resolve_use_async("false", cfg, 8) is False
+    assert resolve_use_async("auto", cfg, 1) is False  # one env: nothing to overlap
+    monkeypatch.setattr(factory.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(factory, "measure_step_ms", lambda key: 2.5)
+    assert resolve_use_async("auto", cfg, 8) is True
+    monkeypatch.setattr(factory, "measure_step_ms", lambda key: 0.3)
+    assert resolve_use_async("auto", cfg, 8) is False
+    monkeypatch.setattr(factory.os, "cpu_count", lambda: 1)
+    monkeypatch.setattr(factory, "measure_step_ms", lambda key: 2.5)
+    assert resolve_use_async("auto", cfg, 8) is False
