@@ -9,6 +9,7 @@ bench_eval.py so that ratios are measured in the same run.
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 
 import numpy as np

@@ -113,9 +113,8 @@ class Policy(nn.Module, abc.ABC):
         if empty.all():
             self._fill_queue(self._history, None)
         elif empty.any():
-            ids = np.flatnonzero(empty)
-            index = torch.from_numpy(ids).to(first.device)
-            self._fill_queue({k: v[index] for k, v in self._history.items()}, ids)
+            index = torch.from_numpy(np.flatnonzero(empty)).to(first.device)
+            self._fill_queue({k: v[index] for k, v in self._history.items()}, index)
         pos = self._queue_pos
         if (pos == pos[0]).all():
             action = self._queue[:, pos[0]]
@@ -125,7 +124,8 @@ class Policy(nn.Module, abc.ABC):
         self._queue_pos += 1
         return action
 
-    def _fill_queue(self, history: dict[str, Tensor], ids: np.ndarray | None) -> None:
+    def _fill_queue(self, history: dict[str, Tensor], ids: Tensor | None) -> None:
+        """Predict chunks for the envs `ids` (LongTensor, all envs when None) and queue them."""
         chunk = self.predict_action_chunk(dict(history))
         n_envs = next(iter(history.values())).shape[0]
         if chunk.ndim != 3 or chunk.shape[0] != n_envs or chunk.shape[1] < self.n_action_steps:
@@ -142,5 +142,5 @@ class Policy(nn.Module, abc.ABC):
             self._queue = chunk.new_zeros(self._queue_pos.shape[0], *chunk.shape[1:])
         elif self._queue.data_ptr() == chunk.data_ptr() or not self._queue.is_contiguous():
             self._queue = self._queue.clone()
-        self._queue[torch.from_numpy(ids).to(chunk.device)] = chunk
-        self._queue_pos[ids] = 0
+        self._queue[ids] = chunk
+        self._queue_pos[ids.cpu().numpy()] = 0
