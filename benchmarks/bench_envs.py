@@ -49,7 +49,7 @@ def main() -> None:
         for n_envs in args.n_envs:
             for use_async in (False, True):
                 median, values = median_of(
-                    lambda: ceiling_steps_per_s(env_cfg, n_envs, use_async), args.repeats
+                    functools.partial(ceiling_steps_per_s, env_cfg, n_envs, use_async), args.repeats
                 )
                 rows.append(
                     {
