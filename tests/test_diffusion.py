@@ -154,7 +154,11 @@ def test_yaml_and_factory_build_both_paper_configs():
 def test_matmul_convolution_equals_conv1d(kernel, stride, padding, length):
     conv = TemporalConv1d(6, 8, kernel, stride=stride, padding=padding)
     reference = nn.Conv1d(6, 8, kernel, stride=stride, padding=padding)
-    reference.load_state_dict(conv.state_dict())  # same parameters, same state dict
+    with (
+        torch.no_grad()
+    ):  # the same parameters: Conv1d's (C_out, C_in, k) weight flattened to (C_out, C_in*k)
+        reference.weight.copy_(conv.weight.view(8, 6, kernel))
+        reference.bias.copy_(conv.bias)
     x = torch.randn(3, 6, length, requires_grad=True)
     torch.testing.assert_close(conv(x), reference(x))
     (grad,) = torch.autograd.grad(conv(x).square().sum(), x)

@@ -42,31 +42,34 @@ class SinusoidalStepEmbedding(nn.Module):
         return torch.cat([angles.sin(), angles.cos()], dim=-1)
 
 
-class TemporalConv1d(nn.Conv1d):
-    """`nn.Conv1d` (same parameters, same state dict) computed as one matmul over unfolded time windows.
+class TemporalConv1d(nn.Linear):
+    """A 1-D convolution over time `(B, C_in, T)` -> `(B, C_out, T_out)`, computed as one matmul.
 
     The U-Net's sequences are short (T = 16, 8, 4) and its channels wide (up to 2048): a direct convolution
     kernel runs far below the CPU's matmul throughput there. Unfolding the k taps of every output position
-    into the channel axis turns the convolution into `(B*T_out, C_in*k) @ (C_in*k, C_out)`, which takes the
-    BLAS / oneDNN matmul path (and AMX under bf16 autocast). Dilated, grouped or non-zero-padded
-    convolutions fall back to the native kernel.
+    into the channel axis turns the convolution into `(B*T_out, C_in*k) @ (C_in*k, C_out)`, a linear layer,
+    which takes the BLAS / oneDNN matmul path (AMX under bf16 autocast).
+
+    `weight` is `(C_out, C_in * k)`, column `c * k + j` holding tap j of input channel c: `nn.Conv1d`'s
+    weight reshaped, with the same initialization (both use fan_in = C_in * k). Keeping the parameter 2-D,
+    rather than reshaping a 3-D one in `forward`, lets autocast cache its bf16 copy across denoising steps
+    (autocast caches casts of leaf parameters only, not of views).
     """
 
+    def __init__(
+        self, in_channels: int, out_channels: int, kernel_size: int, stride: int = 1, padding: int = 0
+    ):
+        super().__init__(in_channels * kernel_size, out_channels)
+        self.in_channels = in_channels
+        self.kernel_size = kernel_size
+        self.stride = stride
+        self.padding = padding
+
     def forward(self, x: Tensor) -> Tensor:
-        """`x` (B, C_in, T) -> (B, C_out, T_out)."""
-        if (
-            self.dilation != (1,)
-            or self.groups != 1
-            or self.padding_mode != "zeros"
-            or isinstance(self.padding, str)
-        ):
-            return super().forward(x)
-        (k,), (stride,), (pad,) = self.kernel_size, self.stride, self.padding
-        windows = nn.functional.pad(x, (pad, pad)).unfold(2, k, stride)  # (B, C_in, T_out, k)
-        columns = einops.rearrange(windows, "b c t k -> (b t) (c k)")
-        weight = einops.rearrange(self.weight, "o c k -> o (c k)")  # a view: (c, k) is the inner layout
-        out = nn.functional.linear(columns, weight, self.bias)  # (B*T_out, C_out)
-        return einops.rearrange(out, "(b t) o -> b o t", b=x.shape[0])
+        """`x` (B, C_in, T) -> (B, C_out, (T + 2 * padding - kernel_size) // stride + 1)."""
+        windows = nn.functional.pad(x, (self.padding, self.padding)).unfold(2, self.kernel_size, self.stride)
+        columns = einops.rearrange(windows, "b c t k -> (b t) (c k)")  # (B*T_out, C_in*k)
+        return einops.rearrange(super().forward(columns), "(b t) o -> b o t", b=x.shape[0])
 
 
 class ConvNormMish(nn.Sequential):
