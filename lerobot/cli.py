@@ -101,7 +101,7 @@ def train_main(argv: list[str] | None = None) -> int:
 
 
 # ------------------------------------------------------------------------------------------------ eval
-def _checkpoint_config(ckpt_dir: Path, overrides: list[str]) -> DictConfig:
+def checkpoint_config(ckpt_dir: Path, overrides: list[str]) -> DictConfig:
     """The checkpoint's config with evaluation overrides; `env=NAME` swaps in another env config."""
     from lerobot.training.checkpoint import load_config
 
@@ -155,7 +155,7 @@ def _eval(argv: list[str] | None) -> int:
 
     if args.checkpoint is not None:
         ckpt = resolve_checkpoint_dir(args.checkpoint)
-        cfg = _checkpoint_config(ckpt, args.overrides)
+        cfg = checkpoint_config(ckpt, args.overrides)
         _check_features(load_config(ckpt), cfg)
         device = resolve_device(cfg.device)
         policy, _ = load_policy(ckpt, device=device, cfg=cfg)
