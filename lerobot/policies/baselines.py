@@ -29,6 +29,8 @@ class RandomConfig(PolicyConfig):
 
     name: str = "random"
     seed: int = 0
+    # I.i.d. actions, so a chunk of 8 is the same distribution as 8 single draws, at 1/8 of the calls.
+    n_action_steps: int = 8
 
 
 class RandomPolicy(Policy):
