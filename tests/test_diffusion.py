@@ -242,8 +242,10 @@ class OracleUnet(nn.Module):
 @pytest.mark.parametrize(("scheduler", "steps", "expected_calls"), [("DDPM", None, 10), ("DDIM", 3, 3)])
 def test_sampler_recovers_clean_actions_and_chunk_starts_now(scheduler, steps, expected_calls):
     """With a perfect denoiser, sampling returns the clean horizon, sliced from index n_obs_steps - 1."""
-    config = image_config(inference_scheduler=scheduler, num_inference_steps=steps, n_obs_steps=3, horizon=16)
+    config = image_config(n_obs_steps=3, horizon=16)
     policy = DiffusionPolicy(config, stats_for(config)).eval()
+    # The inference scheduler is read from the config at every call: evaluation can switch it.
+    policy.config.inference_scheduler, policy.config.num_inference_steps = scheduler, steps
     # Normalized horizon: index i holds (i / 10 - 0.8, -(i / 10 - 0.8)), all within [-1, 1].
     ramp = torch.arange(config.horizon) / 10 - 0.8
     target = torch.stack([ramp, -ramp], dim=-1).expand(2, -1, -1)

@@ -117,8 +117,7 @@ class DiffusionPolicy(Policy):
             use_film_scale=config.use_film_scale_modulation,
         )
         self.noise_scheduler = make_noise_scheduler(config, config.noise_scheduler_type)
-        self.inference_noise_scheduler = make_noise_scheduler(config, config.inference_scheduler)
-        self.num_inference_steps = config.num_inference_steps or config.num_train_timesteps
+        self._inference_schedulers: dict[str, DDPMScheduler | DDIMScheduler] = {}
 
     # ------------------------------------------------------------------ conditioning
     def _check_obs(self, batch: Mapping[str, Tensor]) -> None:
@@ -197,10 +196,22 @@ class DiffusionPolicy(Policy):
             return contextlib.nullcontext()
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
 
+    @property
+    def inference_noise_scheduler(self) -> DDPMScheduler | DDIMScheduler:
+        """The scheduler named by `config.inference_scheduler`, read at every call so that evaluation can
+        switch (e.g. `policy.config.inference_scheduler = "DDIM"; policy.config.num_inference_steps = 10`)."""
+        name = self.config.inference_scheduler
+        if name not in self._inference_schedulers:
+            self._inference_schedulers[name] = make_noise_scheduler(self.config, name)
+        return self._inference_schedulers[name]
+
     @torch.no_grad()
     def sample_actions(self, global_cond: Tensor, generator: torch.Generator | None = None) -> Tensor:
-        """Denoise Gaussian noise into normalized actions `(B, horizon, A)` given `global_cond` `(B, G)`."""
+        """Denoise Gaussian noise into normalized actions `(B, horizon, A)` given `global_cond` `(B, G)`.
+
+        Uses `config.inference_scheduler` with `config.num_inference_steps` (None: num_train_timesteps)."""
         scheduler = self.inference_noise_scheduler
+        num_steps = self.config.num_inference_steps or self.config.num_train_timesteps
         device = global_cond.device
         # Draw on the generator's device (a CPU generator can seed a CUDA run), then move.
         sample = torch.randn(
@@ -209,7 +220,7 @@ class DiffusionPolicy(Policy):
             device=generator.device if generator is not None else device,
             dtype=torch.float32,
         ).to(device)
-        scheduler.set_timesteps(self.num_inference_steps)
+        scheduler.set_timesteps(num_steps)
         with self._autocast(device):
             for step in scheduler.timesteps:
                 steps = torch.full((sample.shape[0],), int(step), device=device, dtype=torch.long)

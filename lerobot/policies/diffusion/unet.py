@@ -13,8 +13,8 @@ Layout (down_dims = [d1, d2, d3]; time length T, T/2, T/4):
               -> cat skip(d2, T/2) -> [Res(2*d2, d1), Res(d1, d1), Up] -> Conv(d1, d1) -> 1x1 -> out (A, T)
 
 Skip connections concatenate a down level's output (before its downsampling) with the up path at the same
-time resolution. All heavy
-operations are convolutions and linear layers (matmuls); GroupNorm and Mish are elementwise.
+time resolution. Every convolution but the two upsampling ones is a `TemporalConv1d`, i.e. one matmul;
+GroupNorm and Mish are elementwise.
 """
 
 from __future__ import annotations
