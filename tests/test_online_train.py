@@ -98,3 +98,27 @@ def test_config_composes_with_paper_defaults():
     cfg = compose_config(["policy=tdmpc", "env=pusht_keypoints", "training.n_envs=8"])
     assert cfg.policy.num_samples == 512 and cfg.policy.iterations == 6 and cfg.policy.horizon == 5
     assert cfg.training.n_envs == 8
+
+
+def test_pusht_keypoints_with_demonstrations(tmp_path, pusht_data_root):
+    """Online PushT-keypoints run whose batches mix replayed demonstrations (offline_ratio) with own data."""
+    overrides = [o for o in TINY if not o.startswith("env")] + [
+        "env=pusht_keypoints",
+        "env.max_episode_steps=10",
+        f"dataset.root={pusht_data_root}",
+        "training.offline_ratio=0.5",
+        "training.steps=24",
+        "training.log_freq=24",
+        "eval.freq=0",
+        f"output_dir={tmp_path / 'run'}",
+    ]
+    assert train_main(overrides) == 0
+    (train,) = records(tmp_path / "run", "train")
+    assert train["updates"] == 14 and train["buffer_size"] == 24
+    policy, _ = load_policy(latest_checkpoint(tmp_path / "run"))
+    obs = {
+        "observation.state": torch.full((1, 2), 256.0),
+        "observation.environment_state": torch.zeros(1, 16),
+    }
+    action = policy.select_action(obs)
+    assert action.shape == (1, 2) and torch.all((action >= 0) & (action <= 512))

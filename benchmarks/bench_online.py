@@ -1,0 +1,261 @@
+"""Benchmarks of TD-MPC and multi-env online training.
+
+    python benchmarks/bench_online.py timing            # planning call (batch 1, 8) and gradient update times
+    python benchmarks/bench_online.py compare           # Pendulum: n_envs 1/4/8 x gradient_steps 1/-1
+    python benchmarks/bench_online.py plot              # redraw the PNG from the saved JSON
+
+Results go to `benchmarks/results/` (`online_timing.json`, `online_pendulum.json`, `online_pendulum.png`).
+
+`compare` trains one run per (n_envs, gradient_steps) on the same budget of env transitions and evaluates each
+run every `--eval-freq` transitions on the same `--eval-episodes` seeded episodes. It uses the CPU-sized
+model and planner of docs/tdmpc.md (the paper's planner costs ~0.5 s per call on one CPU core). With
+n_envs=1 and train_freq=1, gradient_steps=-1 is the same schedule as gradient_steps=1, so that run is done
+once and reported for both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from lerobot.cli import compose_config  # noqa: E402
+from lerobot.config import env_config  # noqa: E402
+from lerobot.policies.factory import make_policy, make_policy_config  # noqa: E402
+
+RESULTS = REPO / "benchmarks" / "results"
+
+# CPU-sized TD-MPC for Pendulum (see docs/tdmpc.md); everything else is the paper's default.
+CPU_OVERRIDES = [
+    "policy.latent_dim=32",
+    "policy.enc_dim=128",
+    "policy.mlp_dim=128",
+    "policy.num_samples=128",
+    "policy.num_elites=16",
+    "policy.num_pi_trajs=8",
+    "policy.iterations=3",
+    "training.batch_size=128",
+]
+
+
+def _load() -> float:
+    return os.getloadavg()[0]
+
+
+def _time(fn, repeats: int, warmup: int = 2) -> dict[str, float]:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return {"median_ms": 1e3 * statistics.median(times), "min_ms": 1e3 * min(times), "repeats": repeats}
+
+
+def timing(args: argparse.Namespace) -> dict:
+    """Planning call at batch 1 and 8, and one gradient update, for the paper's and the CPU settings."""
+    torch.set_num_threads(args.threads)
+    out = {"threads": args.threads, "cpu": platform.processor() or platform.machine(), "settings": {}}
+    for name, overrides in (("paper", []), ("cpu", CPU_OVERRIDES)):
+        cfg = compose_config(["policy=tdmpc", "env=pendulum", *overrides])
+        policy_cfg = make_policy_config(cfg.policy, env_config(cfg))
+        if cfg.training.batch_size:
+            policy_cfg.batch_size = cfg.training.batch_size
+        torch.manual_seed(0)
+        policy = make_policy(policy_cfg).eval()
+        res: dict = {"load_before": _load()}
+        for batch_size in (1, 8):
+            obs = {"observation.state": torch.randn(batch_size, 3)}
+            policy.reset()
+            res[f"plan_b{batch_size}"] = _time(lambda o=obs, p=policy: p.select_action(o), args.repeats)
+        policy.train()
+        b, h = policy_cfg.batch_size, policy_cfg.horizon
+        batch = {
+            "observation.state": torch.randn(b, h + 1, 3),
+            "action": torch.rand(b, h, 1) * 4 - 2,
+            "next.reward": -16 * torch.rand(b, h),
+            "next.terminated": torch.zeros(b, h, dtype=torch.bool),
+        }
+        opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=3e-4)
+
+        def update(batch=batch, policy=policy, opt=opt):
+            loss = policy(batch)["loss"]
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(policy.parameters(), 10.0)
+            opt.step()
+            policy.update_target()
+
+        res["update"] = _time(update, args.repeats)
+        res["batch_size"] = b
+        res["load_after"] = _load()
+        out["settings"][name] = res
+        print(name, json.dumps(res, indent=1))
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "online_timing.json").write_text(json.dumps(out, indent=2))
+    return out
+
+
+def _read_metrics(run_dir: Path) -> dict:
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
+    train = {r["step"]: r for r in records if r["split"] == "train"}
+    curve = []
+    for r in records:
+        if r["split"] != "eval":
+            continue
+        t = train.get(r["step"], {})
+        curve.append(
+            {
+                "transitions": r["step"],
+                "train_time_s": t.get("train_time_s"),
+                "updates": t.get("updates"),
+                "eval_return": r["avg_sum_reward"],
+            }
+        )
+    returns = [
+        {"transitions": s, "train_time_s": r["train_time_s"], "episode_return": r["episode_return"]}
+        for s, r in sorted(train.items())
+        if "episode_return" in r
+    ]
+    return {"eval": curve, "train_returns": returns}
+
+
+def compare(args: argparse.Namespace) -> dict:
+    """Train every (n_envs, gradient_steps) on the same transition budget; collect eval curves."""
+    from lerobot.training.online import train_online
+
+    torch.set_num_threads(args.threads)
+    out_path = RESULTS / "online_pendulum.json"
+    results = json.loads(out_path.read_text()) if out_path.exists() and args.keep else {"runs": {}}
+    results["settings"] = {
+        "steps": args.steps,
+        "learning_starts": args.learning_starts,
+        "eval_freq": args.eval_freq,
+        "eval_episodes": args.eval_episodes,
+        "seed": args.seed,
+        "threads": args.threads,
+        "overrides": CPU_OVERRIDES,
+    }
+    work = Path(args.work_dir)
+    for n_envs in args.n_envs:
+        for gradient_steps in args.gradient_steps:
+            key = f"n{n_envs}_g{gradient_steps}"
+            if n_envs == 1 and gradient_steps == -1 and 1 in args.gradient_steps:
+                continue  # identical schedule to gradient_steps=1 (train_freq=1): reported from that run
+            if key in results["runs"]:
+                continue
+            run_dir = work / key
+            shutil.rmtree(run_dir, ignore_errors=True)
+            cfg = compose_config(
+                [
+                    "policy=tdmpc",
+                    "env=pendulum",
+                    *CPU_OVERRIDES,
+                    f"training.steps={args.steps}",
+                    f"training.n_envs={n_envs}",
+                    f"training.gradient_steps={gradient_steps}",
+                    f"training.learning_starts={args.learning_starts}",
+                    f"training.log_freq={args.eval_freq}",
+                    f"training.save_freq={10 * args.steps}",
+                    f"eval.freq={args.eval_freq}",
+                    f"eval.n_episodes={args.eval_episodes}",
+                    f"eval.batch_size={args.eval_episodes}",
+                    "eval.max_episodes_rendered=0",
+                    "eval.use_async_envs=false",
+                    f"seed={args.seed}",
+                    f"output_dir={run_dir}",
+                ]
+            )
+            t0 = time.perf_counter()
+            train_online(cfg, progress=not args.quiet)
+            wall = time.perf_counter() - t0
+            results["runs"][key] = {
+                "n_envs": n_envs,
+                "gradient_steps": gradient_steps,
+                "wall_s": wall,
+                "load_avg_end": _load(),
+                **_read_metrics(run_dir),
+            }
+            RESULTS.mkdir(parents=True, exist_ok=True)
+            out_path.write_text(json.dumps(results, indent=2))
+            last = results["runs"][key]["eval"][-1]
+            print(
+                f"{key}: final eval return {last['eval_return']:.1f}, train time {last['train_time_s']:.0f} s"
+            )
+    plot(args)
+    return results
+
+
+def plot(args: argparse.Namespace) -> None:
+    """Eval return vs transitions and vs training wall time, one line per run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    results = json.loads((RESULTS / "online_pendulum.json").read_text())
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for _key, run in sorted(results["runs"].items()):
+        label = f"n_envs={run['n_envs']}, gradient_steps={run['gradient_steps']}"
+        if run["n_envs"] == 1:
+            label += " (= -1)"
+        xs = [p["transitions"] for p in run["eval"]]
+        ts = [p["train_time_s"] for p in run["eval"]]
+        ys = [p["eval_return"] for p in run["eval"]]
+        style = "-" if run["gradient_steps"] == -1 or run["n_envs"] == 1 else "--"
+        axes[0].plot(xs, ys, style, marker="o", markersize=3, label=label)
+        axes[1].plot(ts, ys, style, marker="o", markersize=3, label=label)
+    axes[0].set_xlabel("env transitions (all envs)")
+    axes[1].set_xlabel("training wall time (s, eval excluded)")
+    for ax in axes:
+        ax.set_ylabel("eval return (Pendulum-v1)")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    s = results["settings"]
+    fig.suptitle(f"TD-MPC on Pendulum-v1, seed {s['seed']}, {s['eval_episodes']} eval episodes per point")
+    fig.tight_layout()
+    fig.savefig(RESULTS / "online_pendulum.png", dpi=90)
+    print(f"wrote {RESULTS / 'online_pendulum.png'}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    t = sub.add_parser("timing")
+    t.add_argument("--repeats", type=int, default=10)
+    t.add_argument("--threads", type=int, default=1)
+    c = sub.add_parser("compare")
+    c.add_argument("--steps", type=int, default=6000)
+    c.add_argument("--learning-starts", type=int, default=1000)
+    c.add_argument("--eval-freq", type=int, default=1000)
+    c.add_argument("--eval-episodes", type=int, default=4)
+    c.add_argument("--n-envs", type=int, nargs="+", default=[1, 4, 8])
+    c.add_argument("--gradient-steps", type=int, nargs="+", default=[1, -1])
+    c.add_argument("--seed", type=int, default=1000)
+    c.add_argument("--threads", type=int, default=1)
+    c.add_argument("--work-dir", default="/tmp/bench_online")
+    c.add_argument(
+        "--keep", action="store_true", help="keep runs already in the JSON and add the missing ones"
+    )
+    c.add_argument("--quiet", action="store_true")
+    sub.add_parser("plot")
+    args = parser.parse_args()
+    {"timing": timing, "compare": compare, "plot": plot}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    main()
