@@ -29,7 +29,7 @@ def eval_rate(
     env_cfg, policy, n_envs: int, use_async: bool, n_episodes: int, schedule: str = "refill"
 ) -> dict:
     """One `eval_policy` run; returns its aggregated metrics."""
-    env = make_env(env_cfg, n_envs, use_async=use_async)
+    env = make_env(env_cfg, n_envs, use_async=use_async, copy=False)
     try:
         return eval_policy(env, policy, n_episodes, start_seed=0, progress=False, schedule=schedule)[
             "aggregated"

@@ -181,7 +181,7 @@ def _eval(argv: list[str] | None) -> int:
     print(
         f"evaluating {cfg.policy.name} on {env_cfg.name}: {cfg.eval.n_episodes} episodes, {n_envs} {'async' if use_async else 'sync'} envs"
     )
-    env = make_env(env_cfg, n_envs, use_async=use_async)
+    env = make_env(env_cfg, n_envs, use_async=use_async, copy=False)
     try:
         info = eval_policy(
             env,

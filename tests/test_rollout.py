@@ -226,3 +226,18 @@ def test_observation_batch_shapes_and_ranges():
     assert image.shape == (2, 3, 96, 96) and image.dtype == torch.float32
     assert image.min() >= 0.0 and image.max() <= 1.0 and image.max() > 0.5
     assert batch["observation.state"].shape == (2, 2) and batch["observation.state"].dtype == torch.float32
+
+
+def test_pixels_without_observation_copies_match_copies():
+    """make_env(copy=False) hands out the env's own buffers; eval_policy consumes them before the next step."""
+    from lerobot.policies.baselines import ScriptedConfig, ScriptedPushPolicy
+
+    env_cfg = _pusht_env_cfg("pusht", 20)
+    cfg = ScriptedConfig(input_features=env_cfg.input_features(), output_features=env_cfg.output_features())
+    policy = ScriptedPushPolicy(cfg)
+    runs = []
+    for copy in (True, False):
+        env = make_env(env_cfg, 3, copy=copy)
+        runs.append(eval_policy(env, policy, 5, start_seed=7, progress=False)["per_episode"])
+        env.close()
+    assert runs[0] == runs[1]

@@ -38,6 +38,7 @@ def make_env(
     use_async: bool = False,
     autoreset_mode: AutoresetMode = AutoresetMode.NEXT_STEP,
     render_mode: str | None = "rgb_array",
+    copy: bool = True,
 ) -> VectorEnv:
     """Return a vector env of `n_envs` copies of `env_cfg.gym_id` with the config's time limit.
 
@@ -47,6 +48,9 @@ def make_env(
         use_async: one worker process per env (AsyncVectorEnv) instead of stepping them in this process.
         autoreset_mode: gymnasium's autoreset mode; `eval_policy` handles all three.
         render_mode: passed to every env so that `render()` works for videos.
+        copy: return fresh observation arrays each step. `False` returns the vector env's own buffers
+            (overwritten by the next step), saving one copy of every image per step; safe when each
+            observation is consumed before the next step, as `eval_policy` does.
     """
     if n_envs < 1:
         raise ConfigError(f"n_envs={n_envs} must be >= 1")
@@ -65,8 +69,8 @@ def make_env(
     )
     fns = [fn] * n_envs
     if use_async:
-        return AsyncVectorEnv(fns, context=_START_METHOD, autoreset_mode=autoreset_mode)
-    return SyncVectorEnv(fns, autoreset_mode=autoreset_mode)
+        return AsyncVectorEnv(fns, context=_START_METHOD, autoreset_mode=autoreset_mode, copy=copy)
+    return SyncVectorEnv(fns, autoreset_mode=autoreset_mode, copy=copy)
 
 
 @functools.cache

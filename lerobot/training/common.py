@@ -102,7 +102,7 @@ def run_evaluation(cfg: DictConfig, policy: Policy, step: int, run_dir: Path, lo
     use_async = resolve_use_async(cfg.eval.use_async_envs, env_cfg, cfg.eval.batch_size)
     n_envs = min(cfg.eval.batch_size, cfg.eval.n_episodes)
     out_dir = Path(run_dir) / "eval" / f"step_{step:09d}"
-    env = make_env(env_cfg, n_envs, use_async=use_async)
+    env = make_env(env_cfg, n_envs, use_async=use_async, copy=False)
     was_training = policy.training
     try:
         info = eval_policy(
