@@ -2,6 +2,7 @@
 
     python benchmarks/bench_online.py timing            # planning call (batch 1, 8) and gradient update times
     python benchmarks/bench_online.py compare           # Pendulum: n_envs 1/4/8 x gradient_steps 1/-1
+    python benchmarks/bench_online.py final             # last checkpoint of each run on 20 episodes
     python benchmarks/bench_online.py plot              # redraw the PNG from the saved JSON
 
 Results go to `benchmarks/results/` (`online_timing.json`, `online_pendulum.json`, `online_pendulum.png`).
@@ -198,6 +199,36 @@ def compare(args: argparse.Namespace) -> dict:
     return results
 
 
+def final_eval(args: argparse.Namespace) -> dict:
+    """Evaluate every run's last checkpoint on more episodes; `pc_solved` = % of episodes with return > -400."""
+    from lerobot.envs import make_env
+    from lerobot.rollout import eval_policy
+    from lerobot.training.checkpoint import latest_checkpoint, load_policy
+
+    torch.set_num_threads(args.threads)
+    out_path = RESULTS / "online_pendulum.json"
+    results = json.loads(out_path.read_text())
+    for key, run in sorted(results["runs"].items()):
+        policy, cfg = load_policy(latest_checkpoint(Path(args.work_dir) / key))
+        env = make_env(env_config(cfg), args.final_episodes)
+        try:
+            info = eval_policy(
+                env, policy, args.final_episodes, start_seed=cfg.eval.start_seed, progress=False
+            )
+        finally:
+            env.close()
+        returns = [ep["sum_reward"] for ep in info["per_episode"]]
+        run["final_eval"] = {
+            "n_episodes": len(returns),
+            "mean_return": statistics.mean(returns),
+            "median_return": statistics.median(returns),
+            "pc_solved": 100.0 * sum(r > -400 for r in returns) / len(returns),
+        }
+        print(key, run["final_eval"])
+    out_path.write_text(json.dumps(results, indent=2))
+    return results
+
+
 def plot(args: argparse.Namespace) -> None:
     """Eval return vs transitions and vs training wall time, one line per run."""
     import matplotlib
@@ -252,9 +283,13 @@ def main() -> None:
         "--keep", action="store_true", help="keep runs already in the JSON and add the missing ones"
     )
     c.add_argument("--quiet", action="store_true")
+    f = sub.add_parser("final")
+    f.add_argument("--final-episodes", type=int, default=20)
+    f.add_argument("--threads", type=int, default=1)
+    f.add_argument("--work-dir", default="/tmp/bench_online")
     sub.add_parser("plot")
     args = parser.parse_args()
-    {"timing": timing, "compare": compare, "plot": plot}[args.cmd](args)
+    {"timing": timing, "compare": compare, "final": final_eval, "plot": plot}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -368,6 +368,9 @@ def train_online(cfg: DictConfig, progress: bool = True) -> Path:
             if _crossed(before, transitions, cfg.eval.freq):
                 _evaluate(cfg, policy, transitions, run_dir, logger)
                 last_eval = transitions
+                if hasattr(policy, "set_planner_seed"):
+                    # Fresh planner noise for the train envs (evaluation reset the generators).
+                    policy.set_planner_seed(cfg.seed + transitions)
             if _crossed(before, transitions, tcfg.save_freq) and transitions < tcfg.steps:
                 checkpoint(transitions)
         if cfg.eval.freq > 0 and last_eval != transitions:
