@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -413,3 +414,156 @@ def test_overfits_a_few_samples_and_reproduces_their_actions():
         assert (chunk[:, 0] - action_at(times)).abs().mean() < (
             chunk[:, 0] - action_at(times + offset)
         ).abs().mean()
+
+
+# ---------------------------------------------------------------------- fast inference path
+def _perturbed(policy: DiffusionPolicy) -> DiffusionPolicy:
+    """Weights away from their initialization (zero-initialized biases would hide layout mistakes)."""
+    torch.manual_seed(5)
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return policy.eval()
+
+
+@pytest.mark.parametrize(
+    ("make_config", "overrides"),
+    [
+        (image_config, dict(inference_scheduler="DDIM", num_inference_steps=4)),
+        (image_config, dict(use_film_scale_modulation=False)),
+        (keypoint_config, dict(down_dims=[16, 32, 64], horizon=8, num_train_timesteps=12)),
+    ],
+)
+def test_fast_path_fp32_equals_the_modules(make_config, overrides):
+    """Same weights, same noise: the plan's reformulation (time-major matmuls, matmul upsampling, hoisted
+    FiLM, prepacked weights) reproduces the modules up to float rounding, for DDPM (stochastic) too."""
+    config = make_config(**overrides)
+    policy = _perturbed(DiffusionPolicy(config, stats_for(config)))
+    obs = obs_batch(config, 3)
+    reference = policy.predict_action_chunk(obs, generator=torch.Generator().manual_seed(0))
+    policy.config.inference_fast_path = True
+    fast = policy.predict_action_chunk(obs, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(fast, reference, atol=1e-3, rtol=0)  # in [0, 512] action units
+
+
+def test_fast_path_bf16_stays_close_to_fp32():
+    config = image_config(inference_scheduler="DDIM", num_inference_steps=5)
+    policy = _perturbed(DiffusionPolicy(config, stats_for(config)))
+    obs = obs_batch(config, 4)
+    fp32 = policy.predict_action_chunk(obs, generator=torch.Generator().manual_seed(0))
+    policy.config.inference_autocast = True
+    autocast = policy.predict_action_chunk(obs, generator=torch.Generator().manual_seed(0))
+    policy.config.inference_autocast = False
+    policy.config.inference_fast_path, policy.config.inference_dtype = True, "bfloat16"
+    bf16 = policy.predict_action_chunk(obs, generator=torch.Generator().manual_seed(0))
+    assert bf16.dtype == torch.float32 and not torch.equal(bf16, fp32)
+    # bf16 keeps ~3 significant digits. This untrained, perturbed network amplifies rounding more than a
+    # trained one (docs/benchmarks.md has the trained policy's figures): in [0, 512] pixel units, a mean of
+    # a pixel or two, as bf16 autocast over the modules gives.
+    error, autocast_error = (bf16 - fp32).abs().mean(), (autocast - fp32).abs().mean()
+    assert error < 4.0 and error < 2 * autocast_error + 0.5, (error, autocast_error)
+
+
+def test_plan_layers_equal_their_modules():
+    from lerobot.policies.diffusion.inference import _TimeConv, _Upsample
+
+    torch.manual_seed(0)
+    x = torch.randn(3, 6, 8)  # (B, C, T)
+    for conv in (
+        TemporalConv1d(6, 5, 5, padding=2),
+        TemporalConv1d(6, 5, 3, stride=2, padding=1),
+        TemporalConv1d(6, 5, 1),
+    ):
+        plan = _TimeConv(conv, torch.float32, prepack=True)
+        torch.testing.assert_close(plan(x.transpose(1, 2)), conv(x).transpose(1, 2))
+    upsample = nn.ConvTranspose1d(6, 6, 4, stride=2, padding=1)
+    plan = _Upsample(upsample, torch.float32, prepack=False)
+    torch.testing.assert_close(plan(x.transpose(1, 2)), upsample(x).transpose(1, 2))
+    with pytest.raises(ValueError, match="kernel_size=4, stride=2, padding=1"):
+        _Upsample(nn.ConvTranspose1d(6, 6, 3, stride=2), torch.float32, prepack=False)
+
+
+def test_inference_plan_follows_the_weights(tmp_path):
+    """The plan is a cache of the weights: rebuilt after an optimizer step, a load, a mode switch."""
+    config = keypoint_config(inference_fast_path=True, inference_scheduler="DDIM", num_inference_steps=3)
+    policy = _perturbed(DiffusionPolicy(config, stats_for(config)))
+    obs = obs_batch(config, 2)
+
+    def chunk() -> Tensor:
+        return policy.predict_action_chunk(obs, generator=torch.Generator().manual_seed(0))
+
+    def modules_chunk() -> Tensor:
+        policy.config.inference_fast_path = False
+        try:
+            return chunk()
+        finally:
+            policy.config.inference_fast_path = True
+
+    first = chunk()
+    plan = policy.inference_plan()
+    assert policy.inference_plan() is plan  # cached
+    # An optimizer step changes the weights in place: the next chunk sees them.
+    policy.train()
+    optimizer = torch.optim.SGD(policy.parameters(), lr=0.5)
+    policy(train_batch(config, 4))["loss"].backward()
+    optimizer.step()
+    policy.eval()
+    after_step = chunk()
+    assert not torch.allclose(after_step, first)
+    torch.testing.assert_close(after_step, modules_chunk(), atol=1e-3, rtol=0)
+    # Loading other weights (e.g. a checkpoint) replaces the plan too.
+    save_file(policy.state_dict(), tmp_path / "model.safetensors")
+    other = _perturbed(DiffusionPolicy(config, stats_for(config)))
+    other.load_state_dict(load_file(tmp_path / "model.safetensors"))
+    torch.testing.assert_close(
+        other.predict_action_chunk(obs, generator=torch.Generator().manual_seed(0)),
+        after_step,
+        atol=1e-4,
+        rtol=0,
+    )
+    # Writes through `.data` (EMA swaps) are invisible to the fingerprint: eval() drops the plan.
+    for p in policy.parameters():
+        p.data.mul_(0.9)
+    policy.eval()
+    torch.testing.assert_close(chunk(), modules_chunk(), atol=1e-3, rtol=0)
+
+
+def test_inference_options_leave_the_state_dict_alone():
+    config = image_config()
+    plain = DiffusionPolicy(config, stats_for(config))
+    fast = DiffusionPolicy(
+        image_config(inference_fast_path=True, inference_dtype="bfloat16"), stats_for(config)
+    )
+    fast.eval().predict_action_chunk(obs_batch(config, 1))  # builds the plan
+    assert {k: v.shape for k, v in fast.state_dict().items()} == {
+        k: v.shape for k, v in plain.state_dict().items()
+    }
+    assert all(p.dtype == torch.float32 for p in fast.parameters())
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (dict(inference_dtype="float16"), "inference_dtype='float16'"),
+        (dict(inference_compile=True), "set policy.inference_fast_path=true"),
+        (dict(inference_autocast=True, inference_fast_path=True), "use policy.inference_dtype=bfloat16"),
+    ],
+)
+def test_inference_config_errors(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        image_config(**overrides).validate()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not os.environ.get("LEROBOT_TEST_COMPILE"),
+    reason="torch.compile takes ~30 s even for a tiny model on 2 cores; set LEROBOT_TEST_COMPILE=1",
+)
+def test_compiled_fast_path_matches_the_modules():
+    config = keypoint_config(inference_scheduler="DDIM", num_inference_steps=3)
+    policy = _perturbed(DiffusionPolicy(config, stats_for(config)))
+    obs = obs_batch(config, 2)
+    reference = policy.predict_action_chunk(obs, generator=torch.Generator().manual_seed(0))
+    policy.config.inference_fast_path = policy.config.inference_compile = True
+    compiled = policy.predict_action_chunk(obs, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(compiled, reference, atol=1e-2, rtol=0)

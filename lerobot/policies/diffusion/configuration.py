@@ -22,6 +22,7 @@ from lerobot.policies.config import OFFLINE, PolicyConfig
 from lerobot.policies.normalize import MEAN_STD, MIN_MAX, NORMALIZATION_MODES
 
 SCHEDULERS = ("DDPM", "DDIM")
+INFERENCE_DTYPES = ("float32", "bfloat16")
 
 
 def _default_normalization() -> dict[str, str]:
@@ -75,7 +76,18 @@ class DiffusionConfig(PolicyConfig):
     # Inference: "DDPM" or "DDIM" (deterministic, eta=0) with `num_inference_steps` (None = num_train_timesteps).
     inference_scheduler: str = "DDPM"
     num_inference_steps: int | None = None
-    # Run the networks of `predict_action_chunk` under bf16 autocast (CPU AMX / CUDA); the sampler stays fp32.
+    # Chunk generation speed (see docs/benchmarks.md); none of these changes the weights or the state dict.
+    # inference_dtype: "float32" or "bfloat16", the dtype the networks compute in when generating a chunk
+    # (bf16 uses AMX on CPUs that have it); the sampler's arithmetic stays fp32.
+    inference_dtype: str = "float32"
+    # True: generate chunks with `InferencePlan` (inference.py): weights cast and prepacked once, time-major
+    # matmuls, FiLM of the observations hoisted out of the denoising loop. False: the training modules (in
+    # bf16 they then run under autocast).
+    inference_fast_path: bool = False
+    # torch.compile the U-Net step of the fast path (inductor; the first chunk at each batch size compiles).
+    inference_compile: bool = False
+    # Older spelling of `inference_dtype: bfloat16` (bf16 autocast over the training modules); kept so that
+    # existing configs and checkpoints load.
     inference_autocast: bool = False
 
     # Loss: ignore the U-Net's error on padded actions (past the episode's end).
@@ -191,6 +203,19 @@ class DiffusionConfig(PolicyConfig):
         ):
             if value not in allowed:
                 raise ConfigError(f"policy.{key}={value!r}: expected one of {allowed}")
+        if self.inference_dtype not in INFERENCE_DTYPES:
+            raise ConfigError(
+                f"policy.inference_dtype={self.inference_dtype!r}: expected one of {INFERENCE_DTYPES}"
+            )
+        if self.inference_compile and not self.inference_fast_path:
+            raise ConfigError(
+                "policy.inference_compile=true compiles the fast path: set policy.inference_fast_path=true"
+            )
+        if self.inference_autocast and self.inference_fast_path:
+            raise ConfigError(
+                "policy.inference_autocast applies to the module path only; with policy.inference_fast_path=true "
+                "use policy.inference_dtype=bfloat16"
+            )
         if self.num_train_timesteps < 1:
             raise ConfigError(f"policy.num_train_timesteps={self.num_train_timesteps} must be >= 1")
         if (

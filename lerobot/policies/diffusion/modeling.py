@@ -22,7 +22,7 @@ offsets -(n_obs_steps-1)/fps .. (horizon-n_obs_steps)/fps), so `predict_action_c
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import einops
 import torch
@@ -31,6 +31,7 @@ from torch import Tensor, nn
 
 from lerobot.constants import ACTION_IS_PAD
 from lerobot.policies.diffusion.configuration import DiffusionConfig
+from lerobot.policies.diffusion.inference import INFERENCE_DTYPES, InferencePlan
 from lerobot.policies.diffusion.unet import ConditionalUnet1D
 from lerobot.policies.diffusion.vision import RgbEncoder
 from lerobot.policies.normalize import Normalize, Unnormalize
@@ -118,6 +119,10 @@ class DiffusionPolicy(Policy):
         )
         self.noise_scheduler = make_noise_scheduler(config, config.noise_scheduler_type)
         self._inference_schedulers: dict[str, DDPMScheduler | DDIMScheduler] = {}
+        self._plan: InferencePlan | None = None
+        self._plan_key: tuple | None = None
+        # Any load of weights may change them: drop the inference plan built from the old ones.
+        self.register_load_state_dict_post_hook(lambda module, keys: module.clear_inference_plan())
 
     # ------------------------------------------------------------------ conditioning
     def _check_obs(self, batch: Mapping[str, Tensor]) -> None:
@@ -130,11 +135,13 @@ class DiffusionPolicy(Policy):
                     f"{key!r} must be (B, n_obs_steps={self.n_obs_steps}, ...), got {tuple(batch[key].shape)}"
                 )
 
-    def global_conditioning(self, batch: Mapping[str, Tensor]) -> Tensor:
+    def global_conditioning(
+        self, batch: Mapping[str, Tensor], image_encoder: Callable[[Tensor], Tensor] | None = None
+    ) -> Tensor:
         """Normalized observations `(B, n_obs_steps, ...)` -> flattened features `(B, n_obs_steps * F)`.
 
         Per step: `[state, env_state?, camera features...]`; images of all steps and cameras go through the
-        encoder as one batch.
+        encoder (`image_encoder`, default `self.rgb_encoder`) as one batch.
         """
         parts = [batch[self.state_key]]  # (B, S, D_state)
         if self.env_state_key is not None:
@@ -143,7 +150,7 @@ class DiffusionPolicy(Policy):
             images = torch.stack([batch[k] for k in self.image_keys], dim=2)  # (B, S, N_cam, C, H, W)
             batch_size, steps = images.shape[:2]
             flat = einops.rearrange(images, "b s n c h w -> (b s n) c h w")
-            features = self.rgb_encoder(flat)  # (B*S*N_cam, F)
+            features = (image_encoder or self.rgb_encoder)(flat)  # (B*S*N_cam, F)
             parts.append(einops.rearrange(features, "(b s n) f -> b s (n f)", b=batch_size, s=steps))
         per_step = torch.cat([p.float() for p in parts], dim=-1)  # (B, S, F)
         return einops.rearrange(per_step, "b s f -> b (s f)")
@@ -191,10 +198,54 @@ class DiffusionPolicy(Policy):
         return {"loss": loss}
 
     # ------------------------------------------------------------------ inference
+    @property
+    def _inference_dtype(self) -> torch.dtype:
+        name = "bfloat16" if self.config.inference_autocast else self.config.inference_dtype
+        return INFERENCE_DTYPES[name]
+
     def _autocast(self, device: torch.device) -> contextlib.AbstractContextManager:
-        if not self.config.inference_autocast:
+        """bf16 autocast for the module path when `inference_dtype` (or `inference_autocast`) asks for it."""
+        if self._inference_dtype == torch.float32:
             return contextlib.nullcontext()
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+        return torch.autocast(device_type=device.type, dtype=self._inference_dtype)
+
+    def _weights_fingerprint(self) -> tuple:
+        # In-place updates (optimizer steps, `load_state_dict`, `copy_` under no_grad) bump `_version`;
+        # replacing a tensor changes `data_ptr`. Writes through `.data` do neither: see `inference_plan`.
+        return tuple((p.data_ptr(), p._version) for p in self.parameters())
+
+    def inference_plan(self) -> InferencePlan:
+        """The fast path's networks (`inference.InferencePlan`), built on first use and cached.
+
+        The cache is dropped by `train()` / `eval()`, `load_state_dict`, `.to()` and every other `_apply`,
+        and rebuilt when a parameter changed in place (optimizer step, `copy_`). Writes through `.data`
+        (as EMA helpers do when swapping weights) are not seen: call `clear_inference_plan()` (or `eval()`)
+        after them; evaluation loops call `eval()` first anyway.
+        """
+        key = (self.config.inference_dtype, self.config.inference_compile, self._weights_fingerprint())
+        if self._plan is None or self._plan_key != key:
+            self._plan = None  # free the old plan's weights before building the new one
+            self._plan = InferencePlan(
+                self.unet,
+                self.rgb_encoder if self.image_keys else None,
+                INFERENCE_DTYPES[self.config.inference_dtype],
+                compile=self.config.inference_compile,
+            )
+            self._plan_key = key
+        return self._plan
+
+    def clear_inference_plan(self) -> None:
+        """Drop the cached fast-path weights (rebuilt at the next chunk)."""
+        self._plan = None
+        self._plan_key = None
+
+    def train(self, mode: bool = True) -> DiffusionPolicy:
+        self.clear_inference_plan()
+        return super().train(mode)
+
+    def _apply(self, fn, *args, **kwargs):
+        self.clear_inference_plan()
+        return super()._apply(fn, *args, **kwargs)
 
     @property
     def inference_noise_scheduler(self) -> DDPMScheduler | DDIMScheduler:
@@ -209,7 +260,9 @@ class DiffusionPolicy(Policy):
     def sample_actions(self, global_cond: Tensor, generator: torch.Generator | None = None) -> Tensor:
         """Denoise Gaussian noise into normalized actions `(B, horizon, A)` given `global_cond` `(B, G)`.
 
-        Uses `config.inference_scheduler` with `config.num_inference_steps` (None: num_train_timesteps)."""
+        Uses `config.inference_scheduler` with `config.num_inference_steps` (None: num_train_timesteps), and
+        the fast path when `config.inference_fast_path`. The noise, the sample and the scheduler's arithmetic
+        are fp32 in every mode, so the same generator gives the same noise."""
         scheduler = self.inference_noise_scheduler
         num_steps = self.config.num_inference_steps or self.config.num_train_timesteps
         device = global_cond.device
@@ -221,8 +274,16 @@ class DiffusionPolicy(Policy):
             dtype=torch.float32,
         ).to(device)
         scheduler.set_timesteps(num_steps)
+        timesteps = scheduler.timesteps  # a CPU tensor: reading a step costs no device sync
+        if self.config.inference_fast_path:
+            plan = self.inference_plan()
+            conditioning = plan.unet.condition(global_cond, timesteps)
+            for i, step in enumerate(timesteps):
+                prediction = plan.unet(sample, conditioning, i)
+                sample = scheduler.step(prediction, step, sample, generator=generator).prev_sample
+            return sample
         with self._autocast(device):
-            for step in scheduler.timesteps:
+            for step in timesteps:
                 steps = torch.full((sample.shape[0],), int(step), device=device, dtype=torch.long)
                 prediction = self.unet(sample, steps, global_cond)
                 # The sampler's arithmetic (and the sample it accumulates) stays in fp32.
@@ -246,8 +307,11 @@ class DiffusionPolicy(Policy):
         self._check_obs(batch)
         generator = generator if generator is not None else self.generator
         batch = self.normalize_inputs(batch)
-        with self._autocast(batch[self.state_key].device):
-            global_cond = self.global_conditioning(batch)
+        if self.config.inference_fast_path:
+            global_cond = self.global_conditioning(batch, self.inference_plan().encoder)
+        else:
+            with self._autocast(batch[self.state_key].device):
+                global_cond = self.global_conditioning(batch)
         actions = self.sample_actions(global_cond.float(), generator=generator)
         actions = self.unnormalize_outputs({self.action_key: actions})[self.action_key]
         return actions[:, self.n_obs_steps - 1 :]

@@ -1,0 +1,293 @@
+"""Fast chunk generation: an inference-only plan of Diffusion Policy's networks, built from their weights.
+
+Training and the reference (`inference_fast_path=false`) run the `nn.Module`s of `unet.py` / `vision.py`.
+`InferencePlan` runs the same computation, reading the same parameters, in a form that suits a CPU with
+few cores (it works on CUDA too):
+
+- **Weights prepared once** in the inference dtype (bf16 uses AMX tiles on CPUs that have them) and, where
+  oneDNN is available, pre-reordered into its blocked matmul layout. At batch 1 a U-Net step is a pass over
+  all weights (~1 GB in fp32 for the paper's image model): halving the bytes and skipping the per-call
+  reorder is most of the gain. The plan is a cache: the policy rebuilds it when its weights may have
+  changed (see `DiffusionPolicy.inference_plan`).
+- **Time-major activations** `(B, T, C)`: a convolution's input windows are then `k` consecutive rows of
+  memory, so unfolding them into the `(B*T_out, k*C)` matmul operand is one contiguous copy (the
+  channel-major layout gathers with stride T). GroupNorm runs on the same memory viewed as a channels-last
+  `(B, C, T, 1)` tensor, without a copy.
+- **The transposed convolutions** that upsample time (kernel 4, stride 2) become one matmul over windows of
+  2 input steps whose output holds the even and the odd output step side by side.
+- **FiLM hoisted out of the denoising loop**: every residual block's FiLM is `Linear(Mish([step_emb,
+  global_cond]))`. Mish is elementwise, so this splits into a global part (computed once per chunk, for all
+  blocks in one matmul) and a step part (computed once per set of scheduler timesteps, for all blocks and
+  steps in one matmul, and cached); a denoising step only adds the two rows.
+- **Image encoder**: a copy of the ResNet backbone in the inference dtype with channels-last activations;
+  the spatial softmax and the final linear layer run in fp32.
+
+The sampler's arithmetic (the noisy sample, the scheduler step) stays fp32 in the policy; the plan takes and
+returns fp32.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import einops
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from lerobot.policies.diffusion.unet import ConditionalUnet1D, FiLMResidualBlock, TemporalConv1d
+from lerobot.policies.diffusion.vision import RgbEncoder, center_crop
+
+INFERENCE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def _onednn_linear_available(device: torch.device) -> bool:
+    return (
+        device.type == "cpu"
+        and torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    )
+
+
+class PreparedLinear:
+    """`y = x @ W.T + b` for 2-D `x`, with `W` cast to `dtype` once and, on CPU with oneDNN, reordered once
+    into oneDNN's blocked layout (otherwise every call reorders it again: at batch 1 that costs as much as
+    the matmul)."""
+
+    def __init__(self, weight: Tensor, bias: Tensor | None, dtype: torch.dtype, prepack: bool = True):
+        self.weight = weight.detach().to(dtype).contiguous()
+        self.bias = bias.detach().to(dtype).contiguous() if bias is not None else None
+        self.out_features, self.in_features = self.weight.shape
+        self.packed: Tensor | None = None
+        if prepack and _onednn_linear_available(self.weight.device):
+            try:
+                packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, None)
+                probe = torch.zeros(1, self.in_features, dtype=dtype)
+                torch.ops.mkldnn._linear_pointwise(probe, packed, self.bias, "none", [], "")
+            except (RuntimeError, NotImplementedError):
+                packed = None  # this build/dtype has no packed kernel: plain `F.linear` below
+            if packed is not None:
+                self.packed = packed
+                self.weight = None  # the packed copy replaces it (halves the cached memory)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        if self.packed is not None:
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        return F.linear(x, self.weight, self.bias)
+
+
+class _TimeConv:
+    """A `TemporalConv1d` on time-major `(B, T, C_in)` -> `(B, T_out, C_out)`."""
+
+    def __init__(self, conv: TemporalConv1d, dtype: torch.dtype, prepack: bool):
+        k, c_in = conv.kernel_size, conv.in_channels
+        # The module's weight columns are ordered (c, k); windows of time-major rows are ordered (k, c).
+        weight = einops.rearrange(conv.weight, "o (c k) -> o (k c)", c=c_in, k=k)
+        self.linear = PreparedLinear(weight, conv.bias, dtype, prepack)
+        self.kernel_size, self.stride, self.padding = k, conv.stride, conv.padding
+
+    def __call__(self, x: Tensor) -> Tensor:
+        batch, length, channels = x.shape
+        k, stride, pad = self.kernel_size, self.stride, self.padding
+        if k == 1 and stride == 1 and pad == 0:
+            return self.linear(x.reshape(batch * length, channels)).view(batch, length, -1)
+        if pad:
+            x = F.pad(x, (0, 0, pad, pad))
+        x = x.contiguous()
+        out_length = (length + 2 * pad - k) // stride + 1
+        # Window t is rows t*stride .. t*stride+k-1, i.e. k*C consecutive elements: a strided view, then one copy.
+        windows = x.as_strided((batch, out_length, k * channels), (x.stride(0), stride * channels, 1))
+        return self.linear(windows.reshape(batch * out_length, k * channels)).view(batch, out_length, -1)
+
+
+class _Upsample:
+    """`ConvTranspose1d(C, C, kernel_size=4, stride=2, padding=1)` on time-major `(B, T, C)` -> `(B, 2T, C)`.
+
+    Output step `o = 2i - 1 + j` receives input step i through tap j, so output 2m = x[m-1] W3 + x[m] W1 and
+    output 2m+1 = x[m] W2 + x[m+1] W0. Over the zero-padded input, the windows of 2 steps [x[q-1], x[q]]
+    (q = 0..T) give both with one matmul whose weight stacks [W3 | W1] (even) over [W2 | W0] (odd): even
+    step m comes from window m, odd step m from window m + 1.
+    """
+
+    def __init__(self, conv: nn.ConvTranspose1d, dtype: torch.dtype, prepack: bool):
+        if (
+            conv.kernel_size != (4,)
+            or conv.stride != (2,)
+            or conv.padding != (1,)
+            or conv.output_padding != (0,)
+            or conv.groups != 1
+            or conv.dilation != (1,)
+        ):
+            raise ValueError(
+                f"only ConvTranspose1d(kernel_size=4, stride=2, padding=1) is supported, got {conv}"
+            )
+        taps = [conv.weight[:, :, j].T for j in range(4)]  # W_j as (C_out, C_in)
+        weight = torch.cat(
+            [torch.cat([taps[3], taps[1]], dim=1), torch.cat([taps[2], taps[0]], dim=1)], dim=0
+        )
+        bias = torch.cat([conv.bias, conv.bias]) if conv.bias is not None else None
+        self.linear = PreparedLinear(weight, bias, dtype, prepack)
+        self.out_channels = conv.out_channels
+
+    def __call__(self, x: Tensor) -> Tensor:
+        batch, length, channels = x.shape
+        x = F.pad(x, (0, 0, 1, 1))
+        windows = x.as_strided((batch, length + 1, 2 * channels), (x.stride(0), channels, 1))
+        y = self.linear(windows.reshape(batch * (length + 1), 2 * channels)).view(batch, length + 1, 2, -1)
+        # (B, T, 2, C): even step from window m, odd step from window m + 1; interleave into (B, 2T, C).
+        return torch.stack([y[:, :length, 0], y[:, 1:, 1]], dim=2).view(batch, 2 * length, self.out_channels)
+
+
+def _group_norm(x: Tensor, norm: nn.GroupNorm) -> Tensor:
+    """GroupNorm of time-major `(B, T, C)`, computed on the channels-last view `(B, C, T, 1)` (no copy);
+    the statistics are accumulated in fp32 for bf16 inputs."""
+    view = einops.rearrange(x, "b t c -> b c t 1")
+    out = F.group_norm(view, norm.num_groups, norm.weight, norm.bias, norm.eps)
+    return einops.rearrange(out, "b c t 1 -> b t c")
+
+
+class _ConvNormMish:
+    def __init__(self, module: nn.Sequential, dtype: torch.dtype, prepack: bool):
+        conv, self.norm, _ = module
+        self.conv = _TimeConv(conv, dtype, prepack)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return F.mish(_group_norm(self.conv(x), self.norm), inplace=True)
+
+
+class _Block:
+    """A `FiLMResidualBlock` on time-major input; its FiLM terms come precomputed (see `InferencePlan`)."""
+
+    def __init__(self, block: FiLMResidualBlock, dtype: torch.dtype, prepack: bool):
+        self.conv1 = _ConvNormMish(block.conv1, dtype, prepack)
+        self.conv2 = _ConvNormMish(block.conv2, dtype, prepack)
+        self.skip = None if isinstance(block.skip, nn.Identity) else _TimeConv(block.skip, dtype, prepack)
+        self.use_scale = block.use_scale
+        self.channels = block.out_channels
+        self.film_size = self.channels * (2 if self.use_scale else 1)
+
+    def __call__(self, x: Tensor, film: Tensor) -> Tensor:
+        """`x` (B, T, C_in), `film` (B, 1, film_size) in the compute dtype -> (B, T, C_out)."""
+        h = self.conv1(x)
+        if self.use_scale:
+            h = torch.addcmul(film[..., self.channels :], h, film[..., : self.channels])
+        else:
+            h = h + film
+        h = self.conv2(h)
+        return h.add_(x if self.skip is None else self.skip(x))
+
+
+class UnetPlan:
+    """`ConditionalUnet1D` for inference: prepared weights, time-major activations, hoisted FiLM.
+
+    Use: `cond = plan.condition(global_cond, timesteps)` once per chunk, then `plan(sample, cond, i)` for the
+    i-th of `timesteps`.
+    """
+
+    def __init__(self, unet: ConditionalUnet1D, dtype: torch.dtype, prepack: bool = True):
+        self.dtype = dtype
+        self.step_encoder = unet.step_encoder  # fp32 module, evaluated once per timestep set
+        make = lambda b: _Block(b, dtype, prepack)  # noqa: E731
+        self.down = [
+            (make(r1), make(r2), None if isinstance(d, nn.Identity) else _TimeConv(d, dtype, prepack))
+            for r1, r2, d in unet.down
+        ]
+        self.mid = [make(b) for b in unet.mid]
+        self.up = [(make(r1), make(r2), _Upsample(u, dtype, prepack)) for r1, r2, u in unet.up]
+        self.final_conv = _ConvNormMish(unet.final[0], dtype, prepack)
+        self.final_proj = _TimeConv(unet.final[1], dtype, prepack)
+
+        # FiLM of every block in execution order, as one linear map of Mish([step_emb, global_cond]).
+        blocks = [*(m for r1, r2, _ in unet.down for m in (r1, r2)), *unet.mid]
+        blocks += [m for r1, r2, _ in unet.up for m in (r1, r2)]
+        self.blocks = (
+            [b for level in self.down for b in level[:2]]
+            + self.mid
+            + [b for level in self.up for b in level[:2]]
+        )
+        film_weight = torch.cat([b.film[1].weight for b in blocks]).detach().float()
+        self.film_bias = torch.cat([b.film[1].bias for b in blocks]).detach().float()
+        embed_dim = unet.step_encoder[-1].out_features
+        self.film_step_weight = film_weight[:, :embed_dim].contiguous()
+        self.film_global_weight = film_weight[:, embed_dim:].contiguous()
+        self._step_film: dict[tuple[int, ...], Tensor] = {}
+
+    @torch.no_grad()
+    def condition(self, global_cond: Tensor, timesteps: Tensor) -> tuple[Tensor, Tensor]:
+        """FiLM terms of all blocks, once per chunk: `(global part (B, F), step part (S, F))`, fp32.
+
+        `global_cond` (B, G); `timesteps` (S,) the scheduler's timesteps. The step part depends on the
+        timesteps only and is cached across chunks. The FiLM input of the i-th step is their row sum."""
+        key = tuple(int(t) for t in timesteps)
+        step_part = self._step_film.get(key)
+        if step_part is None:
+            embedding = self.step_encoder(timesteps.to(global_cond.device))  # (S, E)
+            step_part = F.linear(F.mish(embedding.float()), self.film_step_weight)  # (S, F)
+            self._step_film[key] = step_part
+        global_part = F.linear(F.mish(global_cond.float()), self.film_global_weight, self.film_bias)
+        return global_part, step_part
+
+    def __call__(self, sample: Tensor, conditioning: tuple[Tensor, Tensor], index: int) -> Tensor:
+        """`sample` (B, T, A) fp32 at the `index`-th timestep of `condition()` -> prediction (B, T, A) fp32."""
+        global_part, step_part = conditioning
+        film = (global_part + step_part[index]).to(self.dtype).unsqueeze(1)  # (B, 1, F)
+        return self.forward(sample, film)
+
+    def forward(self, sample: Tensor, film: Tensor) -> Tensor:
+        """One U-Net evaluation: `sample` (B, T, A) fp32, FiLM terms `film` (B, 1, F) -> (B, T, A) fp32."""
+        films = iter(film.split([b.film_size for b in self.blocks], dim=-1))
+        x = sample.to(self.dtype)
+        skips = []
+        for i, (res1, res2, downsample) in enumerate(self.down):
+            x = res2(res1(x, next(films)), next(films))
+            if i > 0:
+                skips.append(x)
+            if downsample is not None:
+                x = downsample(x)
+        for res in self.mid:
+            x = res(x, next(films))
+        for res1, res2, upsample in self.up:
+            x = torch.cat([x, skips.pop()], dim=-1)
+            x = upsample(res2(res1(x, next(films)), next(films)))
+        return self.final_proj(self.final_conv(x)).float()
+
+
+class EncoderPlan:
+    """`RgbEncoder` for inference (eval mode: center crop): the backbone copied in `dtype` with channels-last
+    activations; the spatial softmax and the output layer stay fp32 (they are small)."""
+
+    def __init__(self, encoder: RgbEncoder, dtype: torch.dtype):
+        self.crop_shape = encoder.crop_shape
+        self.dtype = dtype
+        self.backbone = copy.deepcopy(encoder.backbone).to(dtype=dtype, memory_format=torch.channels_last)
+        self.backbone.eval().requires_grad_(False)
+        self.pool, self.out = encoder.pool, encoder.out
+
+    def __call__(self, images: Tensor) -> Tensor:
+        """`images` (N, C, H, W) normalized fp32 -> features (N, feature_dim) fp32."""
+        if self.crop_shape is not None and images.shape[-2:] != self.crop_shape:
+            images = center_crop(images, self.crop_shape)
+        images = images.to(dtype=self.dtype, memory_format=torch.channels_last)
+        keypoints = self.pool(self.backbone(images).float())
+        return self.out(einops.rearrange(keypoints, "n k xy -> n (k xy)"))
+
+
+class InferencePlan:
+    """The networks of one `DiffusionPolicy` prepared for chunk generation (see the module docstring)."""
+
+    def __init__(
+        self,
+        unet: ConditionalUnet1D,
+        encoder: RgbEncoder | None,
+        dtype: torch.dtype,
+        compile: bool = False,
+        prepack: bool | None = None,
+    ):
+        self.dtype = dtype
+        # Compiled, inductor picks its own matmul kernels for plain weights; eager, prepacked ones win.
+        prepack = not compile if prepack is None else prepack
+        with torch.no_grad():
+            self.unet = UnetPlan(unet, dtype, prepack)
+            self.encoder = EncoderPlan(encoder, dtype) if encoder is not None else None
+        if compile:
+            self.unet.forward = torch.compile(self.unet.forward, dynamic=False)
