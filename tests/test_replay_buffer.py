@@ -8,10 +8,8 @@ import pytest
 import torch
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
-from lerobot.constants import ACTION, NEXT_DONE, NEXT_REWARD, OBS_STATE
+from lerobot.constants import ACTION, NEXT_DONE, NEXT_REWARD, NEXT_TERMINATED, NEXT_TRUNCATED, OBS_STATE
 from lerobot.training.replay_buffer import (
-    NEXT_TERMINATED,
-    NEXT_TRUNCATED,
     ReplayBuffer,
     final_observations,
     sample_mixed,

@@ -38,7 +38,9 @@ class Policy(nn.Module, abc.ABC):
     horizon starts at the first observation step) return the chunk already sliced so that index 0 is "now".
 
     Per-env reset: `reset(env_ids)` clears the history and queue of those envs only, so an evaluation loop
-    can start a new episode in one slot while the others keep their queued actions.
+    can start a new episode in one slot while the others keep their queued actions. When only some envs
+    need a new chunk, `predict_action_chunk` gets just their rows, and `self.chunk_env_ids` (LongTensor,
+    or None for all envs) says which env slots those rows are, for policies with per-env state.
     """
 
     def __init__(self, *, n_obs_steps: int, n_action_steps: int):
@@ -47,6 +49,7 @@ class Policy(nn.Module, abc.ABC):
             raise ValueError(f"n_obs_steps={n_obs_steps} and n_action_steps={n_action_steps} must be >= 1")
         self.n_obs_steps = n_obs_steps
         self.n_action_steps = n_action_steps
+        self.chunk_env_ids: Tensor | None = None
         self.reset()
 
     # ----------------------------------------------------------------- to implement
@@ -126,7 +129,11 @@ class Policy(nn.Module, abc.ABC):
 
     def _fill_queue(self, history: dict[str, Tensor], ids: Tensor | None) -> None:
         """Predict chunks for the envs `ids` (LongTensor, all envs when None) and queue them."""
-        chunk = self.predict_action_chunk(dict(history))
+        self.chunk_env_ids = ids
+        try:
+            chunk = self.predict_action_chunk(dict(history))
+        finally:
+            self.chunk_env_ids = None
         n_envs = next(iter(history.values())).shape[0]
         if chunk.ndim != 3 or chunk.shape[0] != n_envs or chunk.shape[1] < self.n_action_steps:
             raise ValueError(

@@ -36,10 +36,7 @@ import torch
 from gymnasium.vector import AutoresetMode
 from torch import Tensor
 
-from lerobot.constants import ACTION, NEXT_DONE, NEXT_REWARD
-
-NEXT_TERMINATED = "next.terminated"
-NEXT_TRUNCATED = "next.truncated"
+from lerobot.constants import ACTION, NEXT_DONE, NEXT_REWARD, NEXT_TERMINATED, NEXT_TRUNCATED
 
 _MAX_REJECTION_ROUNDS = 64
 

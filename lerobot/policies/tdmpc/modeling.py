@@ -22,14 +22,13 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from lerobot.constants import ACTION, NEXT_REWARD
+from lerobot.constants import ACTION, NEXT_REWARD, NEXT_TERMINATED
 from lerobot.policies.policy import Policy
 from lerobot.policies.tdmpc.configuration import TDMPCConfig
 from lerobot.policies.tdmpc.networks import BoundsNormalizer, WorldModel
 from lerobot.policies.tdmpc.planner import MPPIPlanner, PlannerSettings
 
 # Termination flag of a transition (bootstrap mask = 1 - terminated); written by the replay buffer.
-NEXT_TERMINATED = "next.terminated"
 
 
 class TDMPCPolicy(Policy):
@@ -82,7 +81,6 @@ class TDMPCPolicy(Policy):
             action_dim=self.action_dim,
             seed=config.planner_seed,
         )
-        self._plan_env_ids: Tensor | None = None
 
     # ----------------------------------------------------------------- acting
     def on_reset(self, env_ids: Tensor | None) -> None:
@@ -93,15 +91,6 @@ class TDMPCPolicy(Policy):
     def set_planner_seed(self, seed: int | Sequence[int]) -> None:
         """Seed planner noise: an int gives env slot b `seed + b`; a sequence gives one seed per env slot."""
         self.planner.set_seed(seed)
-
-    def _fill_queue(self, history: dict[str, Tensor], ids: Tensor | None) -> None:
-        # The base class refills a subset of envs (ids) when their queues empty at different steps; the planner
-        # needs to know which env slots those rows are, for their previous plans and their generators.
-        self._plan_env_ids = ids
-        try:
-            super()._fill_queue(history, ids)
-        finally:
-            self._plan_env_ids = None
 
     def encode_observation(self, batch: dict[str, Tensor]) -> Tensor:
         """Normalised, flattened, concatenated observation features: (..., *shape) per key -> (..., obs_dim)."""
@@ -118,7 +107,7 @@ class TDMPCPolicy(Policy):
         obs = {k: batch[k][:, -1] for k in self.obs_keys}
         z = self.model.encode(self.encode_observation(obs))
         if self.config.use_mpc:
-            actions = self.planner.plan(self.model, z, explore=self.explore, env_ids=self._plan_env_ids)
+            actions = self.planner.plan(self.model, z, explore=self.explore, env_ids=self.chunk_env_ids)
         else:
             actions = self._policy_rollout(z)
         return self.normalizer.unnormalize(self.action_key, actions)
