@@ -71,6 +71,7 @@ class DatasetConfig:
 class TrainingConfig:
     """Optimisation loop settings shared by the offline (dataset) and online (replay buffer) trainers."""
 
+    # Offline: gradient steps. Online: env transitions summed over all envs (Stable-Baselines3 semantics).
     steps: int = 100_000
     # null: the policy's own default (e.g. 64 for image Diffusion Policy, 256 for low-dimensional).
     batch_size: int | None = None
@@ -85,8 +86,8 @@ class TrainingConfig:
     n_envs: int = 1
     use_async_envs: bool = False
     train_freq: int = 1
-    gradient_steps: int = 1
-    utd_ratio: float | None = None
+    gradient_steps: int = 1  # -1: as many updates as transitions just collected
+    utd_ratio: float | None = None  # updates per transition; takes precedence over gradient_steps
     learning_starts: int = 1000
     buffer_capacity: int = 1_000_000
     offline_ratio: float = 0.0
