@@ -147,11 +147,9 @@ def _eval(argv: list[str] | None) -> int:
     parser.add_argument("overrides", nargs="*", help="e.g. eval.n_episodes=50 eval.batch_size=10 device=cpu")
     args = parser.parse_args(argv)
 
-    from lerobot.envs import make_env, resolve_use_async
     from lerobot.policies.factory import make_policy, make_policy_config
-    from lerobot.rollout import eval_policy
     from lerobot.training.checkpoint import load_config, load_policy, resolve_checkpoint_dir
-    from lerobot.training.common import resolve_device, set_seed, write_json
+    from lerobot.training.common import evaluate, resolve_device, set_seed
 
     if args.checkpoint is not None:
         ckpt = resolve_checkpoint_dir(args.checkpoint)
@@ -176,25 +174,7 @@ def _eval(argv: list[str] | None) -> int:
             / now.strftime("%Y-%m-%d")
             / f"{now:%H-%M-%S}_{env_cfg.name}_{cfg.policy.name}"
         )
-    n_envs = min(cfg.eval.batch_size, cfg.eval.n_episodes)
-    use_async = resolve_use_async(cfg.eval.use_async_envs, env_cfg, n_envs)
-    print(
-        f"evaluating {cfg.policy.name} on {env_cfg.name}: {cfg.eval.n_episodes} episodes, {n_envs} {'async' if use_async else 'sync'} envs"
-    )
-    env = make_env(env_cfg, n_envs, use_async=use_async, copy=False)
-    try:
-        info = eval_policy(
-            env,
-            policy,
-            cfg.eval.n_episodes,
-            start_seed=cfg.eval.start_seed,
-            max_episodes_rendered=cfg.eval.max_episodes_rendered,
-            videos_dir=Path(out_dir) / "videos",
-        )
-    finally:
-        env.close()
-    info["config"] = OmegaConf.to_container(cfg, resolve=True)
-    write_json(Path(out_dir) / "eval_info.json", info)
+    info = evaluate(cfg, policy, Path(out_dir), progress=True)
     print(json.dumps(info["aggregated"], indent=2))
     print(f"wrote {Path(out_dir) / 'eval_info.json'} and {len(info['video_paths'])} video(s)")
     return 0

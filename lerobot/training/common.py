@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from lerobot.config import ConfigError, env_config
 from lerobot.envs import make_env, resolve_use_async
@@ -91,19 +91,23 @@ def build_optimizer(policy: Policy, policy_cfg: PolicyConfig, total_steps: int):
     return optimizer, scheduler
 
 
-def run_evaluation(cfg: DictConfig, policy: Policy, step: int, run_dir: Path, logger=None) -> dict[str, Any]:
-    """Evaluate `policy` with the `eval` settings, save `eval_info.json` and videos under `run_dir/eval/`.
+def evaluate(cfg: DictConfig, policy: Policy, out_dir: Path, progress: bool = False) -> dict[str, Any]:
+    """Run `eval_policy` with the `eval` settings of `cfg`; write `out_dir/eval_info.json` and videos.
 
-    Random states are saved and restored around the rollout so that evaluating does not change the
-    training trajectory (a resumed run stays identical to an uninterrupted one).
+    The env count is `min(eval.batch_size, eval.n_episodes)`, sync or async per `eval.use_async_envs`.
     """
     env_cfg = env_config(cfg)
-    rng = get_rng_state()
-    use_async = resolve_use_async(cfg.eval.use_async_envs, env_cfg, cfg.eval.batch_size)
     n_envs = min(cfg.eval.batch_size, cfg.eval.n_episodes)
-    out_dir = Path(run_dir) / "eval" / f"step_{step:09d}"
+    use_async = resolve_use_async(cfg.eval.use_async_envs, env_cfg, n_envs)
+    log.info(
+        "evaluating %s on %s: %d episodes, %d %s envs",
+        cfg.policy.name,
+        env_cfg.name,
+        cfg.eval.n_episodes,
+        n_envs,
+        "async" if use_async else "sync",
+    )
     env = make_env(env_cfg, n_envs, use_async=use_async, copy=False)
-    was_training = policy.training
     try:
         info = eval_policy(
             env,
@@ -111,14 +115,29 @@ def run_evaluation(cfg: DictConfig, policy: Policy, step: int, run_dir: Path, lo
             cfg.eval.n_episodes,
             start_seed=cfg.eval.start_seed,
             max_episodes_rendered=cfg.eval.max_episodes_rendered,
-            videos_dir=out_dir / "videos",
-            progress=False,
+            videos_dir=Path(out_dir) / "videos",
+            progress=progress,
         )
     finally:
         env.close()
+    info["config"] = OmegaConf.to_container(cfg, resolve=True)
+    write_json(Path(out_dir) / "eval_info.json", info)
+    return info
+
+
+def run_evaluation(cfg: DictConfig, policy: Policy, step: int, run_dir: Path, logger=None) -> dict[str, Any]:
+    """Periodic evaluation during training, into `run_dir/eval/step_<step>/`, logged to `logger`.
+
+    Random states are saved and restored around the rollout so that evaluating does not change the
+    training trajectory (a resumed run stays identical to an uninterrupted one).
+    """
+    rng = get_rng_state()
+    was_training = policy.training
+    try:
+        info = evaluate(cfg, policy, Path(run_dir) / "eval" / f"step_{step:09d}")
+    finally:
         policy.train(was_training)
         set_rng_state(rng)
-    write_json(out_dir / "eval_info.json", info)
     if logger is not None:
         logger.log(step, info["aggregated"], split="eval")
         for path in info["video_paths"][:1]:
