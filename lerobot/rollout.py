@@ -181,20 +181,25 @@ def eval_policy(
     try:
         obs, _ = _reset(env, assign(np.arange(num_envs)), None)
         record_frames(np.arange(num_envs))
-        while (slot_ep >= 0).any():
+        all_slots = np.ones(num_envs, dtype=bool)
+        n_active = int((slot_ep >= 0).sum())
+        while n_active > 0:
             action = policy.select_action(observation_to_batch(obs, device))
-            obs, reward, terminated, truncated, info = _step(
-                env, action.to("cpu", non_blocking=False).numpy()
-            )
-            active = slot_ep >= 0
+            obs, reward, terminated, truncated, info = _step(env, action.cpu().numpy())
             total_steps += num_envs
-            busy_steps += int(active.sum())
-            eps = slot_ep[active]
-            sum_reward[eps] += reward[active]
-            max_reward[eps] = np.maximum(max_reward[eps], reward[active])
-            success[eps] |= _success(info, num_envs)[active]
+            busy_steps += n_active
+            step_success = _success(info, num_envs)
+            if n_active == num_envs:  # the common case: no masking needed
+                active, eps = all_slots, slot_ep
+            else:
+                active = slot_ep >= 0
+                eps, reward, step_success = slot_ep[active], reward[active], step_success[active]
+            sum_reward[eps] += reward
+            max_reward[eps] = np.maximum(max_reward[eps], reward)
+            success[eps] |= step_success
             n_steps[eps] += 1
-            record_frames(np.flatnonzero(active))
+            if frames:
+                record_frames(np.flatnonzero(active))
 
             done = (terminated | truncated) & active
             if not done.any():
@@ -220,9 +225,11 @@ def eval_policy(
                     seeds[slot] = idle_seed
                     idle_seed += 1
                 obs = _reset_slots(env, policy, obs, seeds, finished)
+                n_active = int((slot_ep >= 0).sum())
                 continue
             obs = _reset_slots(env, policy, obs, assign(to_reset), to_reset)
             record_frames(to_reset)
+            n_active = int((slot_ep >= 0).sum())
     finally:
         bar.close()
     video_paths = [str(job.result()) for job in video_jobs]

@@ -110,7 +110,8 @@ class Policy(nn.Module, abc.ABC):
                     ids = torch.from_numpy(fresh_ids).to(value.device)
                     rolled[ids] = value[ids].unsqueeze(1)
                 self._history[key] = rolled
-            self._fresh[:] = False
+            if fresh_ids is not None or self.n_obs_steps == 1:
+                self._fresh[:] = False
 
         empty = self._queue_pos >= self.n_action_steps
         if empty.all():
@@ -119,8 +120,8 @@ class Policy(nn.Module, abc.ABC):
             index = torch.from_numpy(np.flatnonzero(empty)).to(first.device)
             self._fill_queue({k: v[index] for k, v in self._history.items()}, index)
         pos = self._queue_pos
-        if (pos == pos[0]).all():
-            action = self._queue[:, pos[0]]
+        if pos.min() == pos.max():
+            action = self._queue[:, int(pos[0])]
         else:
             rows = torch.arange(batch_size, device=self._queue.device)
             action = self._queue[rows, torch.from_numpy(pos).to(self._queue.device)]
