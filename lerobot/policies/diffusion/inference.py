@@ -141,9 +141,9 @@ class _Upsample:
 def _group_norm(x: Tensor, norm: nn.GroupNorm) -> Tensor:
     """GroupNorm of time-major `(B, T, C)`, computed on the channels-last view `(B, C, T, 1)` (no copy);
     the statistics are accumulated in fp32 for bf16 inputs."""
-    view = einops.rearrange(x, "b t c -> b c t 1")
+    view = x.unsqueeze(2).permute(0, 3, 1, 2)  # (B, C, T, 1), strides of channels-last
     out = F.group_norm(view, norm.num_groups, norm.weight, norm.bias, norm.eps)
-    return einops.rearrange(out, "b c t 1 -> b t c")
+    return out.permute(0, 2, 3, 1).squeeze(2)  # back to (B, T, C); contiguous when `out` is channels-last
 
 
 class _ConvNormMish:

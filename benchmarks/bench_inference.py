@@ -1,0 +1,596 @@
+"""Diffusion Policy chunk generation: ms per chunk, FLOPs, achieved GFLOP/s against this CPU's matmul peaks.
+
+    cd benchmarks && python bench_inference.py [--batch-sizes 1 8 50] [--repeats 3] [--models image keypoints]
+                                               [--compile-models image] [--threads 2]
+
+For the paper-size image config (`policy=diffusion env=pusht`, ~263M parameters) and the keypoints config
+(`env=pusht_keypoints`, ~64M), with freshly initialized weights and synthetic normalization statistics
+(speed does not depend on the values): one `predict_action_chunk` at batch 1, 8, 50 with DDIM 10 steps and
+DDPM 100 steps, for fp32 eager (the modules, the default) and each inference option:
+
+- `bf16 autocast`: the modules under bf16 autocast (`inference_dtype=bfloat16`),
+- `fast fp32` / `fast bf16`: `inference_fast_path=true` (see lerobot/policies/diffusion/inference.py),
+- `fast bf16 compiled`: plus `inference_compile=true` (its first chunk per batch size compiles; that time
+  is reported as `first_chunk_s` and excluded from the medians); for the image model only by default.
+
+All variants share one set of weights and run interleaved, round by round, with the same noise seed per
+round; `speedup` is the median over rounds of (fp32 eager / variant) within a round, so machine load that
+drifts between rounds cancels. DDPM 100 on the image model is not run whole: it is extrapolated from DDPM
+chunks of 2 and 10 steps timed in the same rounds, T(100) = T(10) + 90 * (T(10) - T(2)) / 8 (marked
+`extrapolated`). Action differences are against fp32 eager with the same noise, in action units (PushT
+pixels, range [0, 512]); with untrained weights they show rounding, not task error.
+
+FLOPs per chunk come from `torch.utils.flop_counter.FlopCounterMode` on the fp32 modules (chunks of 1 and 2
+steps give the per-step and the fixed part exactly). Peaks: the best of repeated 2048x2048 matmuls in fp32
+and bf16 on the same threads, measured at the start, and the rate of reading 1 GiB (a sum), against which
+`weight_gb_per_s` (U-Net weight bytes a chunk streams, over its time) is compared: at small batches a
+denoising step reads every weight once for little arithmetic, so memory, not the matmul peak, bounds it. Also
+an ablation of one U-Net step (image model) and
+the torch profiler's top operators of the fp32 step. Writes results/inference.json and inference.png.
+"""
+
+from __future__ import annotations
+
+# isort: off
+import lerobot  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads)
+
+# isort: on
+
+import argparse
+import copy
+import functools
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from common import RESULTS_DIR, load_env, machine_info, print_table, save_results
+from omegaconf import OmegaConf
+from torch.utils.flop_counter import FlopCounterMode
+
+from lerobot.cli import CONFIG_DIR
+from lerobot.policies.diffusion.inference import InferencePlan
+from lerobot.policies.diffusion.modeling import DiffusionPolicy
+from lerobot.policies.factory import make_policy, make_policy_config
+
+MODELS = {"image": "pusht", "keypoints": "pusht_keypoints"}
+VARIANTS = {
+    "fp32 eager": {},
+    "bf16 autocast": {"inference_dtype": "bfloat16"},
+    "fast fp32": {"inference_fast_path": True},
+    "fast bf16": {"inference_fast_path": True, "inference_dtype": "bfloat16"},
+    "fast bf16 compiled": {
+        "inference_fast_path": True,
+        "inference_dtype": "bfloat16",
+        "inference_compile": True,
+    },
+}
+BASELINE = "fp32 eager"
+
+
+# ----------------------------------------------------------------------------------------------- setup
+def synthetic_stats(policy_cfg) -> dict:
+    """Normalization statistics from the features' declared bounds (images: mean 0.5, std 0.25)."""
+    stats = {}
+    for key, feature in {**policy_cfg.input_features, **policy_cfg.output_features}.items():
+        if feature.kind == "visual":
+            stats[key] = {"mean": torch.full((3, 1, 1), 0.5), "std": torch.full((3, 1, 1), 0.25)}
+        else:
+            stats[key] = {"min": torch.as_tensor(feature.low), "max": torch.as_tensor(feature.high)}
+    return stats
+
+
+def build_policies(env_name: str, variants: list[str]) -> dict[str, DiffusionPolicy]:
+    """One policy per variant, all sharing the first one's weight tensors (`load_state_dict(assign=True)`)."""
+    env_cfg = load_env(env_name)
+    section = OmegaConf.load(CONFIG_DIR / "policy" / "diffusion.yaml")
+    torch.manual_seed(0)
+    policies = {}
+    for name in variants:
+        policy_cfg = make_policy_config(OmegaConf.merge(section, VARIANTS[name]), env_cfg)
+        policy = make_policy(policy_cfg, synthetic_stats(policy_cfg))
+        if policies:
+            policy.load_state_dict(next(iter(policies.values())).state_dict(), assign=True)
+        policies[name] = policy.eval()
+    return policies
+
+
+def observations(policy: DiffusionPolicy, batch_size: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    batch = {}
+    for key, feature in policy.config.input_features.items():
+        shape = (batch_size, policy.config.n_obs_steps, *feature.shape)
+        scale = 1.0 if feature.kind == "visual" else 512.0
+        batch[key] = torch.rand(shape, generator=g) * scale
+    return batch
+
+
+def chunk(
+    policy: DiffusionPolicy, obs: dict, scheduler: str, steps: int, seed: int
+) -> tuple[float, float, torch.Tensor]:
+    """One chunk generation: (wall ms, process CPU ms, actions)."""
+    policy.config.inference_scheduler, policy.config.num_inference_steps = scheduler, steps
+    generator = torch.Generator().manual_seed(seed)
+    c0, t0 = time.process_time(), time.perf_counter()
+    actions = policy.predict_action_chunk(obs, generator=generator)
+    return 1e3 * (time.perf_counter() - t0), 1e3 * (time.process_time() - c0), actions
+
+
+# ----------------------------------------------------------------------------------------------- measurements
+def read_bandwidth(gib: float = 1.0, repeats: int = 5) -> float:
+    """GB/s of reading a `gib` GiB fp32 tensor (a sum): the rate at which weights stream from memory."""
+    data = torch.ones(int(gib * 2**30) // 4)
+    data.sum()
+    best = min(_seconds(data.sum) for _ in range(repeats))
+    return data.numel() * 4 / best / 1e9
+
+
+def _seconds(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def matmul_peaks(repeats: int = 10, n: int = 2048) -> dict:
+    """GFLOP/s of an n x n matmul in fp32 and bf16 (best and median of `repeats`)."""
+    out = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+        a @ b
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            a @ b
+            times.append(time.perf_counter() - t0)
+        name = str(dtype).removeprefix("torch.")
+        out[f"{name}_best"] = 2 * n**3 / min(times) / 1e9
+        out[f"{name}_median"] = 2 * n**3 / statistics.median(times) / 1e9
+    return out
+
+
+def count_flops(policy: DiffusionPolicy, obs: dict) -> tuple[float, float]:
+    """(fixed FLOPs per chunk (encoder, conditioning), FLOPs per denoising step) of the fp32 modules."""
+    totals = []
+    for steps in (1, 2):
+        counter = FlopCounterMode(display=False)
+        with counter:
+            chunk(policy, obs, "DDIM", steps, seed=0)
+        totals.append(counter.get_total_flops())
+    per_step = totals[1] - totals[0]
+    return totals[0] - per_step, per_step
+
+
+def time_batch(policies: dict, model: str, batch: int, repeats: int, ddpm_direct: bool) -> list[dict]:
+    obs = observations(next(iter(policies.values())), batch)
+    first = {}
+    for name, policy in policies.items():  # builds plans, compiles; excluded from the medians
+        first[name] = chunk(policy, obs, "DDIM", 2, seed=0)[0] / 1e3
+    fixed_flops, step_flops = count_flops(policies[BASELINE], obs)
+
+    # schedule name -> list of (scheduler, steps) chunks timed per round
+    plans = {
+        "DDIM10": [("DDIM", 10)],
+        "DDPM100": [("DDPM", 100)] if ddpm_direct else [("DDPM", 2), ("DDPM", 10)],
+    }
+    rows = []
+    for schedule, parts in plans.items():
+        wall = {n: [] for n in policies}
+        cpu = {n: [] for n in policies}
+        ratios = {n: [] for n in policies}
+        actions = {}
+        for r in range(repeats):
+            this_round = {}
+            for name, policy in policies.items():
+                timings = [chunk(policy, obs, s, k, seed=r) for s, k in parts]
+                if len(timings) == 1:
+                    ms, cpu_ms = timings[0][:2]
+                else:  # T(100) = T(10) + 90 * per-step, per-step = (T(10) - T(2)) / 8
+                    (w2, c2, _), (w10, c10, _) = timings
+                    ms, cpu_ms = w10 + 90 * (w10 - w2) / 8, c10 + 90 * (c10 - c2) / 8
+                if r == 0:
+                    actions[name] = timings[-1][2]
+                wall[name].append(ms)
+                cpu[name].append(cpu_ms)
+                this_round[name] = ms
+            for name in policies:
+                ratios[name].append(this_round[BASELINE] / this_round[name])
+        n_steps = 100 if schedule == "DDPM100" else 10
+        flops = fixed_flops + n_steps * step_flops
+        unet_params = sum(p.numel() for p in policies[BASELINE].unet.parameters())
+        for name in policies:
+            # Bytes of U-Net weights read per chunk: every step reads all of them (fp32: 4 bytes, bf16: 2);
+            # autocast also reads the fp32 weights once per chunk to cast them.
+            bf16 = VARIANTS[name].get("inference_dtype") == "bfloat16"
+            weight_gb = (
+                unet_params
+                * ((2 * n_steps + (4 if "autocast" in name else 0)) if bf16 else 4 * n_steps)
+                / 1e9
+            )
+            ms = statistics.median(wall[name])
+            diff = (actions[name] - actions[BASELINE]).abs()
+            rows.append(
+                {
+                    "model": model,
+                    "batch": batch,
+                    "schedule": schedule,
+                    "variant": name,
+                    "ms_per_chunk": ms,
+                    "ms_runs": wall[name],
+                    "cpu_ms_per_chunk": statistics.median(cpu[name]),
+                    "speedup": statistics.median(ratios[name]),
+                    "extrapolated": len(parts) > 1,
+                    "gflop_per_chunk": flops / 1e9,
+                    "gflop_per_step": step_flops / 1e9,
+                    "gflops_per_s": flops / (ms / 1e3) / 1e9,
+                    "unet_weight_gb_per_chunk": weight_gb,
+                    "weight_gb_per_s": weight_gb / (ms / 1e3),
+                    "max_abs_diff": diff.max().item(),
+                    "mean_abs_diff": diff.mean().item(),
+                    "first_chunk_s": first[name],
+                    "load_avg_1m": os.getloadavg()[0],
+                }
+            )
+        print_table(
+            [r for r in rows if r["schedule"] == schedule],
+            [
+                "model",
+                "batch",
+                "schedule",
+                "variant",
+                "ms_per_chunk",
+                "speedup",
+                "gflops_per_s",
+                "max_abs_diff",
+            ],
+        )
+    return rows
+
+
+def unet_step_ablation(policy: DiffusionPolicy, batches: list[int], repeats: int) -> list[dict]:
+    """ms of one U-Net step (image model) per formulation, interleaved: what each change buys."""
+    unet, rows = policy.unet, []
+    bf16_copy = copy.deepcopy(unet).to(torch.bfloat16)
+    bf16_copy.step_encoder.float()  # it embeds integer steps; its output is cast to the input dtype
+    plans = {
+        "plan fp32": InferencePlan(unet, None, torch.float32),
+        "plan bf16, weights not prepacked": InferencePlan(unet, None, torch.bfloat16, prepack=False),
+        "plan bf16": InferencePlan(unet, None, torch.bfloat16),
+    }
+    for batch in batches:
+        obs = policy.normalize_inputs(observations(policy, batch))
+        with torch.no_grad():
+            cond = policy.global_conditioning(obs)
+            x, steps = (
+                torch.randn(batch, policy.config.horizon, policy.config.action_dim),
+                torch.full((batch,), 50),
+            )
+            timesteps = torch.tensor([50])
+            conds = {name: plan.unet.condition(cond, timesteps) for name, plan in plans.items()}
+            fns = {
+                "modules fp32": functools.partial(unet, x, steps, cond),
+                "modules bf16 autocast": functools.partial(unet, x, steps, cond),
+                "modules with bf16 weights": functools.partial(
+                    bf16_copy, x.bfloat16(), steps, cond.bfloat16()
+                ),
+                **{name: functools.partial(plan.unet, x, conds[name], 0) for name, plan in plans.items()},
+            }
+            times = {name: [] for name in fns}
+            for _ in range(repeats + 1):
+                for name, fn in fns.items():
+                    autocast = name == "modules bf16 autocast"
+                    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                        if autocast:
+                            fn()  # autocast casts the weights at the first call in a context (once per chunk)
+                        t0 = time.perf_counter()
+                        fn()
+                        times[name].append(1e3 * (time.perf_counter() - t0))
+        base = statistics.median(times["modules fp32"][1:])
+        for name, values in times.items():
+            ms = statistics.median(values[1:])
+            rows.append({"batch": batch, "unet_step": name, "ms": ms, "speedup": base / ms})
+    print_table(rows, ["batch", "unet_step", "ms", "speedup"])
+    return rows
+
+
+def profile_step(policy: DiffusionPolicy, batch: int, top: int = 8) -> list[dict]:
+    """Top operators (self CPU time) of one fp32 U-Net step of the modules: where the time goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    obs = policy.normalize_inputs(observations(policy, batch))
+    with torch.no_grad():
+        cond = policy.global_conditioning(obs)
+        x, steps = (
+            torch.randn(batch, policy.config.horizon, policy.config.action_dim),
+            torch.full((batch,), 50),
+        )
+        policy.unet(x, steps, cond)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            policy.unet(x, steps, cond)
+    events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    total = sum(e.self_cpu_time_total for e in events)
+    return [
+        {
+            "batch": batch,
+            "op": e.key,
+            "self_ms": e.self_cpu_time_total / 1e3,
+            "share": e.self_cpu_time_total / total,
+            "calls": e.count,
+        }
+        for e in events[:top]
+    ]
+
+
+# ----------------------------------------------------------------------------------------------- parity
+PARITY_RUNS = {
+    "fp32 DDIM10": ["policy.inference_scheduler=DDIM", "policy.num_inference_steps=10"],
+    "fast bf16 DDIM10": [
+        "policy.inference_scheduler=DDIM",
+        "policy.num_inference_steps=10",
+        "policy.inference_fast_path=true",
+        "policy.inference_dtype=bfloat16",
+    ],
+    # The same policy with other sampling noise: how much the figures move by chance alone.
+    "fp32 DDIM10, noise seed 1001": [
+        "policy.inference_scheduler=DDIM",
+        "policy.num_inference_steps=10",
+        "seed=1001",
+    ],
+    "fp32 DDPM100": ["policy.inference_scheduler=DDPM", "policy.num_inference_steps=100"],
+    "fast bf16 DDPM100": [
+        "policy.inference_scheduler=DDPM",
+        "policy.num_inference_steps=100",
+        "policy.inference_fast_path=true",
+        "policy.inference_dtype=bfloat16",
+    ],
+}
+
+
+def _dataset_observations(cfg, policy: DiffusionPolicy, n: int) -> dict | None:
+    """`n` observation windows of the demonstrations (the states a trained policy meets), or None."""
+    from lerobot.config import env_config
+    from lerobot.datasets import make_dataset
+
+    try:
+        env_cfg = env_config(cfg)
+        dataset = make_dataset(cfg.dataset, env_cfg, policy.config.delta_timestamps(env_cfg.fps))
+    except Exception as e:  # no data here: the caller falls back to env resets
+        print(f"dataset unavailable ({e}); using env reset observations")
+        return None
+    index = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(0))[:n].tolist()
+    items = dataset.__getitems__(index)
+    return {k: items[k] for k in policy.config.input_features}
+
+
+def parity(checkpoint: Path, n_episodes: int, batch: int, start_seed: int, repeats: int) -> dict:
+    """Success parity on a trained checkpoint and the chunk-time ratio DDPM100 / DDIM10 at the eval batch."""
+    from lerobot.cli import checkpoint_config
+    from lerobot.config import env_config
+    from lerobot.envs import make_env
+    from lerobot.envs.observation import observation_to_batch
+    from lerobot.rollout import eval_policy
+    from lerobot.training.checkpoint import load_policy, resolve_checkpoint_dir
+    from lerobot.training.common import set_seed
+
+    ckpt = resolve_checkpoint_dir(checkpoint)
+    common = [f"eval.n_episodes={n_episodes}", f"eval.batch_size={batch}", f"eval.start_seed={start_seed}"]
+    evals, policies = [], {}
+    for name, overrides in PARITY_RUNS.items():
+        cfg = checkpoint_config(ckpt, overrides + common)
+        policy, _ = load_policy(ckpt, cfg=cfg)
+        policies[name] = policy
+        set_seed(cfg.seed)  # the same initial noise for every run: a paired comparison
+        env = make_env(env_config(cfg), min(batch, n_episodes), use_async=False)
+        try:
+            info = eval_policy(env, policy, n_episodes, start_seed=start_seed, progress=False)
+        finally:
+            env.close()
+        agg = info["aggregated"]
+        successes = torch.tensor([float(ep["success"]) for ep in info["per_episode"]])
+        max_rewards = torch.tensor([ep["max_reward"] for ep in info["per_episode"]])
+        p_success = successes.mean().item()
+        evals.append(
+            {
+                "run": name,
+                "pc_success": agg["pc_success"],
+                # binomial standard error of pc_success, standard error of the mean max reward
+                "pc_success_se": 100 * (p_success * (1 - p_success) / n_episodes) ** 0.5,
+                "avg_max_reward": agg["avg_max_reward"],
+                "avg_max_reward_se": (max_rewards.std() / n_episodes**0.5).item(),
+                "avg_sum_reward": agg["avg_sum_reward"],
+                "eval_s": agg["eval_s"],
+                "n_episodes": n_episodes,
+                "success": [bool(x) for x in successes],
+                "max_reward": max_rewards.tolist(),
+            }
+        )
+        print_table(
+            evals[-1:],
+            ["run", "pc_success", "pc_success_se", "avg_max_reward", "avg_max_reward_se", "eval_s"],
+        )
+        if "noise seed" in name:
+            del policies[name]  # not timed below
+
+    # Chunk time at the eval batch (and 1, 8), DDPM100 vs DDIM10 and fp32 vs fast, interleaved.
+    cfg = checkpoint_config(ckpt, common)
+    obs = _dataset_observations(cfg, policies["fp32 DDIM10"], 256)
+    if obs is None:
+        env = make_env(env_config(cfg), batch, use_async=False)
+        raw, _ = env.reset(seed=[start_seed + i for i in range(batch)])
+        env.close()
+        first = observation_to_batch(raw)
+        obs = {k: v.unsqueeze(1).expand(-1, cfg.policy.n_obs_steps, *v.shape[1:]) for k, v in first.items()}
+    timing = []
+    for b in sorted({1, 8, batch}):
+        sub = {k: v[:b] for k, v in obs.items()}
+        times = {name: [] for name in policies}
+        for r in range(repeats + 1):
+            for name, policy in policies.items():
+                sched, steps = ("DDPM", 100) if "DDPM" in name else ("DDIM", 10)
+                ms = chunk(policy, sub, sched, steps, seed=r)[0]
+                if r:  # the first round builds plans
+                    times[name].append(ms)
+        for name in policies:
+            timing.append({"batch": b, "run": name, "ms_per_chunk": statistics.median(times[name])})
+    for row in timing:
+        same = {r["run"]: r["ms_per_chunk"] for r in timing if r["batch"] == row["batch"]}
+        row["ddpm100_over_ddim10"] = (
+            same[row["run"].replace("DDIM10", "DDPM100")] / same[row["run"].replace("DDPM100", "DDIM10")]
+        )
+        row["fp32_over_this"] = same["fp32 " + row["run"].split(" ")[-1]] / row["ms_per_chunk"]
+    print_table(timing, ["batch", "run", "ms_per_chunk", "ddpm100_over_ddim10", "fp32_over_this"])
+
+    # Actions of the fast path vs fp32 on demonstration observations, same noise, in action units.
+    diffs = []
+    for sched in ("DDIM10", "DDPM100"):
+        ref = policies[f"fp32 {sched}"]
+        fast = policies[f"fast bf16 {sched}"]
+        s, k = ("DDPM", 100) if sched == "DDPM100" else ("DDIM", 10)
+        a = chunk(ref, obs, s, k, seed=7)[2]
+        b = chunk(fast, obs, s, k, seed=7)[2]
+        d = (a - b).abs()
+        diffs.append(
+            {
+                "schedule": sched,
+                "n_observations": a.shape[0],
+                "max_abs_diff": d.max().item(),
+                "mean_abs_diff": d.mean().item(),
+                "p99_abs_diff": d.flatten().quantile(0.99).item(),
+            }
+        )
+    print_table(diffs, ["schedule", "n_observations", "max_abs_diff", "mean_abs_diff", "p99_abs_diff"])
+    return {"checkpoint": str(ckpt), "evals": evals, "chunk_timing": timing, "action_diffs": diffs}
+
+
+# ----------------------------------------------------------------------------------------------- report
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = sorted({r["model"] for r in rows})
+    schedules = ["DDIM10", "DDPM100"]
+    fig, axes = plt.subplots(len(models), 2, figsize=(11, 4 * len(models)), squeeze=False)
+    for i, model in enumerate(models):
+        for j, schedule in enumerate(schedules):
+            ax = axes[i][j]
+            for variant in VARIANTS:
+                points = sorted(
+                    (r["batch"], r["ms_per_chunk"])
+                    for r in rows
+                    if r["model"] == model and r["schedule"] == schedule and r["variant"] == variant
+                )
+                if points:
+                    ax.plot(*zip(*points), marker="o", label=variant)
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.set_xlabel("batch (envs per chunk)")
+            ax.set_ylabel("ms per chunk")
+            ax.set_title(
+                f"{model}: {schedule}"
+                + (" (extrapolated)" if model == "image" and schedule == "DDPM100" else "")
+            )
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _jsonable(args: dict) -> dict:
+    return {k: str(v) if isinstance(v, Path) else v for k, v in args.items()}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 50])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--compile-models",
+        nargs="*",
+        default=["image"],
+        choices=list(MODELS),
+        help="models that also get the torch.compile variant (~1 min of compiling per batch size each)",
+    )
+    parser.add_argument("--name", default="inference", help="results/<name>.json and .png")
+    parser.add_argument(
+        "--parity",
+        type=Path,
+        metavar="CHECKPOINT",
+        help="instead: success parity of a trained checkpoint (fp32 vs fast bf16, DDIM10 vs DDPM100), "
+        "written to results/inference_parity.json",
+    )
+    parser.add_argument("--episodes", type=int, default=50)
+    parser.add_argument("--eval-batch", type=int, default=50)
+    parser.add_argument("--start-seed", type=int, default=100000)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if args.parity is not None:
+        result = parity(args.parity, args.episodes, args.eval_batch, args.start_seed, args.repeats)
+        path = save_results(
+            "inference_parity", result.pop("evals"), {**result, "args": _jsonable(vars(args))}
+        )
+        print(f"wrote {path}")
+        return
+
+    peaks = matmul_peaks()
+    peaks["read_gb_per_s"] = read_bandwidth()
+    print(f"reading 1 GiB: {peaks['read_gb_per_s']:.1f} GB/s")
+    print(
+        f"2048x2048 matmul on {args.threads} threads: fp32 {peaks['float32_best']:.0f} GFLOP/s, "
+        f"bf16 {peaks['bfloat16_best']:.0f} GFLOP/s (best of 10)"
+    )
+    rows, ablation, profile = [], [], []
+    for model in args.models:
+        variants = [v for v in VARIANTS if model in args.compile_models or "compiled" not in v]
+        policies = build_policies(MODELS[model], variants)
+        n_params = sum(p.numel() for p in policies[BASELINE].parameters())
+        print(f"\n{model}: {n_params / 1e6:.1f}M parameters, load average {os.getloadavg()[0]:.1f}")
+        for batch in args.batch_sizes:
+            rows += time_batch(policies, model, batch, args.repeats, ddpm_direct=model != "image")
+        if model == "image":
+            ablation = unet_step_ablation(
+                policies[BASELINE], [b for b in args.batch_sizes if b <= 8], args.repeats
+            )
+            profile = [e for b in (1, 8) for e in profile_step(policies[BASELINE], b)]
+        del policies
+    for row in rows:
+        row["pct_of_fp32_peak"] = 100 * row["gflops_per_s"] / peaks["float32_best"]
+        row["pct_of_bf16_peak"] = 100 * row["gflops_per_s"] / peaks["bfloat16_best"]
+        row["pct_of_read_bandwidth"] = 100 * row["weight_gb_per_s"] / peaks["read_gb_per_s"]
+    path = save_results(
+        args.name,
+        rows,
+        {
+            "peaks_gflops": peaks,
+            "unet_step_ablation": ablation,
+            "fp32_step_profile": profile,
+            "args": vars(args),
+        },
+    )
+    plot(rows, RESULTS_DIR / f"{args.name}.png")
+    print("\nsummary (speedup = fp32 eager / variant, same rounds):")
+    print_table(
+        rows,
+        [
+            "model",
+            "batch",
+            "schedule",
+            "variant",
+            "ms_per_chunk",
+            "speedup",
+            "gflops_per_s",
+            "pct_of_bf16_peak",
+            "pct_of_read_bandwidth",
+            "mean_abs_diff",
+            "extrapolated",
+        ],
+    )
+    print(f"wrote {path} and {RESULTS_DIR / (args.name + '.png')}; machine: {machine_info()}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,227 @@
+"""Training step speed: ms per step, samples/s, data time vs compute time, achieved GFLOP/s; fp32 vs bf16 autocast.
+
+    cd benchmarks && python bench_train.py [--steps 4] [--rows dp_image dp_keypoints dp_keypoints_cpu tdmpc]
+                                           [--threads 2] [--data-root DIR]
+
+Rows (each step exactly as the trainers do it):
+- `dp_image`: Diffusion Policy, `policy=diffusion env=pusht` (paper size, ~263M parameters), batch 64.
+- `dp_keypoints`: `env=pusht_keypoints` (paper's low-dimensional U-Net, ~64M), batch 256.
+- `dp_keypoints_cpu`: the recorded CPU experiment (`+experiment=diffusion_pusht_keypoints_cpu`: U-Net
+  64/128/256, batch 64), the configuration of the README's learning result.
+- `tdmpc`: one TD-MPC update (`policy=tdmpc env=pusht_keypoints`, batch 256, horizon 5) on the PushT
+  demonstrations loaded into its replay buffer, as the online trainer's offline buffer holds them.
+
+Diffusion Policy: data = `next()` on the real loader (`make_dataset` + `cycle_batches`, num_workers 0, as
+the CPU experiment trains); compute = forward (under bf16 autocast or not) + backward + grad clipping +
+AdamW + LR schedule + EMA, i.e. `lerobot.training.offline`'s step. TD-MPC: data = `ReplayBuffer.sample`,
+compute = forward + backward + clipping + Adam + target EMA. fp32 and bf16 autocast steps alternate on the
+same model (one warm-up step each, excluded), so load drift hits both alike; medians over `--steps`.
+FLOPs: `torch.utils.flop_counter.FlopCounterMode` over one forward + backward (matmuls and convolutions;
+the optimizer's elementwise work is not counted). Writes results/train.json.
+"""
+
+from __future__ import annotations
+
+# isort: off
+import lerobot  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads)
+
+# isort: on
+import argparse
+import contextlib
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from common import machine_info, print_table, save_results
+from torch.utils.flop_counter import FlopCounterMode
+
+from lerobot.cli import compose_config
+from lerobot.config import env_config
+from lerobot.datasets import cycle_batches, make_dataset
+from lerobot.policies.factory import make_policy, make_policy_config
+from lerobot.training.common import build_optimizer
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+ROWS = {
+    "dp_image": ["policy=diffusion", "env=pusht"],
+    "dp_keypoints": ["policy=diffusion", "env=pusht_keypoints"],
+    "dp_keypoints_cpu": ["+experiment=diffusion_pusht_keypoints_cpu"],
+    "tdmpc": ["policy=tdmpc", "env=pusht_keypoints"],
+}
+DTYPES = ("fp32", "bf16 autocast")
+
+
+def _default_root() -> str | None:
+    shared = REPO_ROOT.parent / "shared" / "data" / "pusht"
+    return str(shared) if shared.is_dir() else None
+
+
+def _autocast(dtype: str) -> contextlib.AbstractContextManager:
+    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype != "fp32")
+
+
+def _flops(step_fn) -> float:
+    counter = FlopCounterMode(display=False)
+    with counter:
+        step_fn()
+    return counter.get_total_flops()
+
+
+def diffusion_row(name: str, overrides: list[str], steps: int) -> list[dict]:
+    from diffusers.training_utils import EMAModel
+
+    cfg = compose_config(overrides)
+    env_cfg = env_config(cfg)
+    policy_cfg = make_policy_config(cfg.policy, env_cfg)
+    batch_size = cfg.training.batch_size or policy_cfg.batch_size
+    dataset = make_dataset(cfg.dataset, env_cfg, policy_cfg.delta_timestamps(env_cfg.fps), split="train")
+    torch.manual_seed(0)
+    policy = make_policy(policy_cfg, dataset_stats=dataset.stats).train()
+    n_params = sum(p.numel() for p in policy.parameters())
+    optimizer, scheduler = build_optimizer(policy, policy_cfg, 1000)
+    ema = EMAModel(
+        policy.parameters(), decay=policy_cfg.ema_max_decay, use_ema_warmup=True, power=policy_cfg.ema_power
+    )
+    batches = cycle_batches(dataset, batch_size=batch_size, seed=0, num_workers=0)
+
+    def forward_backward(batch, dtype):
+        with _autocast(dtype):
+            loss = policy.forward(batch)["loss"]
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+
+    def step(dtype: str) -> tuple[float, float]:
+        t0 = time.perf_counter()
+        batch = next(batches)
+        t1 = time.perf_counter()
+        forward_backward(batch, dtype)
+        torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.training.grad_clip_norm)
+        optimizer.step()
+        scheduler.step()
+        ema.step(policy.parameters())
+        return t1 - t0, time.perf_counter() - t1
+
+    flops = _flops(lambda: forward_backward(next(batches), "fp32"))
+    return _time_rows(name, n_params, batch_size, flops, step, steps)
+
+
+def tdmpc_row(name: str, overrides: list[str], steps: int) -> list[dict]:
+    from lerobot.training.online import load_demonstrations
+
+    cfg = compose_config(overrides)
+    env_cfg = env_config(cfg)
+    policy_cfg = make_policy_config(cfg.policy, env_cfg)
+    torch.manual_seed(0)
+    policy = make_policy(policy_cfg).train()
+    n_params = sum(p.numel() for p in policy.parameters())
+    optimizer, scheduler = build_optimizer(policy, policy_cfg, 1000)
+    buffer = load_demonstrations(cfg, env_cfg, list(policy.obs_keys))
+    batch_size, horizon = policy_cfg.batch_size, policy_cfg.horizon
+
+    def forward_backward(batch, dtype):
+        with _autocast(dtype):
+            loss = policy.forward(batch)["loss"]
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+
+    def step(dtype: str) -> tuple[float, float]:
+        t0 = time.perf_counter()
+        batch = buffer.sample(batch_size, horizon)
+        t1 = time.perf_counter()
+        forward_backward(batch, dtype)
+        torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.training.grad_clip_norm)
+        optimizer.step()
+        scheduler.step()
+        policy.update_target()
+        return t1 - t0, time.perf_counter() - t1
+
+    flops = _flops(lambda: forward_backward(buffer.sample(batch_size, horizon), "fp32"))
+    return _time_rows(name, n_params, batch_size, flops, step, steps)
+
+
+def _time_rows(name, n_params, batch_size, flops, step, steps) -> list[dict]:
+    data = {d: [] for d in DTYPES}
+    compute = {d: [] for d in DTYPES}
+    for i in range(steps + 1):
+        for dtype in DTYPES:
+            d, c = step(dtype)
+            if i:  # the first step of each dtype warms up (allocator, autocast, optimizer state)
+                data[dtype].append(d)
+                compute[dtype].append(c)
+    rows = []
+    for dtype in DTYPES:
+        data_ms = 1e3 * statistics.median(data[dtype])
+        compute_ms = 1e3 * statistics.median(compute[dtype])
+        step_ms = data_ms + compute_ms
+        rows.append(
+            {
+                "row": name,
+                "params_M": n_params / 1e6,
+                "batch": batch_size,
+                "dtype": dtype,
+                "step_ms": step_ms,
+                "data_ms": data_ms,
+                "compute_ms": compute_ms,
+                "data_pct": 100 * data_ms / step_ms,
+                "samples_per_s": batch_size / (step_ms / 1e3),
+                "gflop_per_step": flops / 1e9,
+                "gflops_per_s": flops / (compute_ms / 1e3) / 1e9,
+                "compute_runs_ms": [1e3 * c for c in compute[dtype]],
+            }
+        )
+    rows[1]["speedup_vs_fp32"] = rows[0]["compute_ms"] / rows[1]["compute_ms"]
+    rows[0]["speedup_vs_fp32"] = 1.0
+    print_table(
+        rows,
+        [
+            "row",
+            "batch",
+            "dtype",
+            "step_ms",
+            "data_ms",
+            "compute_ms",
+            "data_pct",
+            "samples_per_s",
+            "gflops_per_s",
+        ],
+    )
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
+    parser.add_argument("--steps", type=int, default=4, help="timed steps per dtype (after one warm-up)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--data-root", default=_default_root(), help="directory with the PushT zarr")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    extra = [f"dataset.root={args.data_root}"] if args.data_root else []
+
+    rows = []
+    for name in args.rows:
+        print(f"\n{name}:")
+        runner = tdmpc_row if name == "tdmpc" else diffusion_row
+        rows += runner(name, ROWS[name] + extra, args.steps)
+    path = save_results("train", rows, {"args": vars(args)})
+    print("\nsummary:")
+    print_table(
+        rows,
+        [
+            "row",
+            "params_M",
+            "batch",
+            "dtype",
+            "step_ms",
+            "data_pct",
+            "samples_per_s",
+            "gflops_per_s",
+            "speedup_vs_fp32",
+        ],
+    )
+    print(f"wrote {path}; machine: {machine_info()}")
+
+
+if __name__ == "__main__":
+    main()
