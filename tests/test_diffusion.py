@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from lerobot.config import ConfigError, EnvConfig, FeatureConfig
 from lerobot.policies.diffusion.configuration import DiffusionConfig
 from lerobot.policies.diffusion.modeling import DiffusionPolicy, edge_pad_actions
-from lerobot.policies.diffusion.unet import TemporalConv1d
+from lerobot.policies.diffusion.unet import TemporalConv1d, TemporalUpsample1d
 from lerobot.policies.diffusion.vision import RgbEncoder, SpatialSoftmax, center_crop, random_crop
 from lerobot.policies.factory import make_policy, make_policy_config
 
@@ -165,6 +165,21 @@ def test_matmul_convolution_equals_conv1d(kernel, stride, padding, length):
     (grad,) = torch.autograd.grad(conv(x).square().sum(), x)
     (expected,) = torch.autograd.grad(reference(x).square().sum(), x)
     torch.testing.assert_close(grad, expected)
+
+
+@pytest.mark.parametrize("length", [1, 4, 7])
+def test_matmul_upsampling_equals_conv_transpose1d(length):
+    upsample = TemporalUpsample1d(6)
+    reference = nn.ConvTranspose1d(6, 6, 4, stride=2, padding=1)
+    reference.load_state_dict(upsample.state_dict())  # the same parameter names and shapes
+    x = torch.randn(3, 6, length, requires_grad=True)
+    torch.testing.assert_close(upsample(x), reference(x))
+    (grad,) = torch.autograd.grad(upsample(x).square().sum(), x)
+    (expected,) = torch.autograd.grad(reference(x).square().sum(), x)
+    torch.testing.assert_close(grad, expected)
+    (weight_grad,) = torch.autograd.grad(upsample(x).square().sum(), upsample.weight)
+    (expected,) = torch.autograd.grad(reference(x).square().sum(), reference.weight)
+    torch.testing.assert_close(weight_grad, expected)
 
 
 # ---------------------------------------------------------------------- vision
@@ -477,8 +492,9 @@ def test_plan_layers_equal_their_modules():
         plan = _TimeConv(conv, torch.float32, prepack=True)
         torch.testing.assert_close(plan(x.transpose(1, 2)), conv(x).transpose(1, 2))
     upsample = nn.ConvTranspose1d(6, 6, 4, stride=2, padding=1)
-    plan = _Upsample(upsample, torch.float32, prepack=False)
-    torch.testing.assert_close(plan(x.transpose(1, 2)), upsample(x).transpose(1, 2))
+    for prepack in (False, True):
+        plan = _Upsample(upsample, torch.float32, prepack=prepack)
+        torch.testing.assert_close(plan(x.transpose(1, 2)), upsample(x).transpose(1, 2))
     with pytest.raises(ValueError, match="kernel_size=4, stride=2, padding=1"):
         _Upsample(nn.ConvTranspose1d(6, 6, 3, stride=2), torch.float32, prepack=False)
 

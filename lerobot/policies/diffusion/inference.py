@@ -13,8 +13,8 @@ few cores (it works on CUDA too):
   memory, so unfolding them into the `(B*T_out, k*C)` matmul operand is one contiguous copy (the
   channel-major layout gathers with stride T). GroupNorm runs on the same memory viewed as a channels-last
   `(B, C, T, 1)` tensor, without a copy.
-- **The transposed convolutions** that upsample time (kernel 4, stride 2) become one matmul over windows of
-  2 input steps whose output holds the even and the odd output step side by side.
+- **The transposed convolutions** that upsample time (kernel 4, stride 2): one matmul over windows of 2
+  input steps whose output holds the even and the odd output step side by side (as `TemporalUpsample1d`).
 - **FiLM hoisted out of the denoising loop**: every residual block's FiLM is `Linear(Mish([step_emb,
   global_cond]))`. Mish is elementwise, so this splits into a global part (computed once per chunk, for all
   blocks in one matmul) and a step part (computed once per set of scheduler timesteps, for all blocks and
@@ -35,7 +35,12 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from lerobot.policies.diffusion.unet import ConditionalUnet1D, FiLMResidualBlock, TemporalConv1d
+from lerobot.policies.diffusion.unet import (
+    ConditionalUnet1D,
+    FiLMResidualBlock,
+    TemporalConv1d,
+    upsample_matmul_weight,
+)
 from lerobot.policies.diffusion.vision import RgbEncoder, center_crop
 
 INFERENCE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -101,13 +106,9 @@ class _TimeConv:
 
 
 class _Upsample:
-    """`ConvTranspose1d(C, C, kernel_size=4, stride=2, padding=1)` on time-major `(B, T, C)` -> `(B, 2T, C)`.
-
-    Output step `o = 2i - 1 + j` receives input step i through tap j, so output 2m = x[m-1] W3 + x[m] W1 and
-    output 2m+1 = x[m] W2 + x[m+1] W0. Over the zero-padded input, the windows of 2 steps [x[q-1], x[q]]
-    (q = 0..T) give both with one matmul whose weight stacks [W3 | W1] (even) over [W2 | W0] (odd): even
-    step m comes from window m, odd step m from window m + 1.
-    """
+    """`TemporalUpsample1d` (a stride-2 transposed convolution) on time-major `(B, T, C)` -> `(B, 2T, C)`:
+    one matmul over windows of 2 steps gives each window's even and odd output step (see
+    `unet.upsample_matmul_weight`); time-major windows are again contiguous rows."""
 
     def __init__(self, conv: nn.ConvTranspose1d, dtype: torch.dtype, prepack: bool):
         if (
@@ -121,11 +122,8 @@ class _Upsample:
             raise ValueError(
                 f"only ConvTranspose1d(kernel_size=4, stride=2, padding=1) is supported, got {conv}"
             )
-        taps = [conv.weight[:, :, j].T for j in range(4)]  # W_j as (C_out, C_in)
-        weight = torch.cat(
-            [torch.cat([taps[3], taps[1]], dim=1), torch.cat([taps[2], taps[0]], dim=1)], dim=0
-        )
-        bias = torch.cat([conv.bias, conv.bias]) if conv.bias is not None else None
+        weight = upsample_matmul_weight(conv.weight, time_major=True)
+        bias = conv.bias.repeat(2) if conv.bias is not None else None
         self.linear = PreparedLinear(weight, bias, dtype, prepack)
         self.out_channels = conv.out_channels
 
@@ -134,7 +132,7 @@ class _Upsample:
         x = F.pad(x, (0, 0, 1, 1))
         windows = x.as_strided((batch, length + 1, 2 * channels), (x.stride(0), channels, 1))
         y = self.linear(windows.reshape(batch * (length + 1), 2 * channels)).view(batch, length + 1, 2, -1)
-        # (B, T, 2, C): even step from window m, odd step from window m + 1; interleave into (B, 2T, C).
+        # (B, T+1, 2, C): even step m from window m, odd step m from window m + 1; interleave into (B, 2T, C).
         return torch.stack([y[:, :length, 0], y[:, 1:, 1]], dim=2).view(batch, 2 * length, self.out_channels)
 
 
