@@ -16,7 +16,13 @@ from lerobot.config import ConfigError, EnvConfig, FeatureConfig
 from lerobot.policies.diffusion.configuration import DiffusionConfig
 from lerobot.policies.diffusion.modeling import DiffusionPolicy, edge_pad_actions
 from lerobot.policies.diffusion.unet import TemporalConv1d, TemporalUpsample1d
-from lerobot.policies.diffusion.vision import RgbEncoder, SpatialSoftmax, center_crop, random_crop
+from lerobot.policies.diffusion.vision import (
+    AutocastFriendlyConv2d,
+    RgbEncoder,
+    SpatialSoftmax,
+    center_crop,
+    random_crop,
+)
 from lerobot.policies.factory import make_policy, make_policy_config
 
 STATE = FeatureConfig(shape=[2], kind="state", low=[0.0, 0.0], high=[512.0, 512.0])
@@ -211,6 +217,28 @@ def test_crops_and_group_norm_encoder():
     encoder.eval()
     torch.testing.assert_close(encoder(x), encoder(x))  # center crop: deterministic
     assert encoder(x).shape == (3, encoder.feature_dim)
+
+
+def test_autocast_friendly_conv_matches_conv2d():
+    """Same parameters as nn.Conv2d; under CPU autocast the same bf16 forward, an fp32 weight gradient."""
+    torch.manual_seed(0)
+    reference = nn.Conv2d(4, 6, 3, stride=2, padding=1)
+    conv = AutocastFriendlyConv2d(4, 6, 3, stride=2, padding=1)
+    conv.load_state_dict(reference.state_dict())
+    x = torch.randn(2, 4, 9, 9, requires_grad=True)
+    torch.testing.assert_close(conv(x), reference(x))  # no autocast: plain Conv2d
+    grads = []
+    for module in (conv, reference):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = module(x)
+        assert y.dtype == torch.bfloat16
+        grads.append(torch.autograd.grad(y.float().square().sum(), [x, module.weight, module.bias]))
+    for got, expected in zip(*grads):
+        assert got.dtype == expected.dtype == torch.float32
+        torch.testing.assert_close(got, expected, rtol=0.05, atol=0.05)
+    encoder = RgbEncoder(image_config())
+    assert any(isinstance(m, AutocastFriendlyConv2d) for m in encoder.modules())
+    assert not any(type(m) is nn.Conv2d for m in encoder.modules())
 
 
 # ---------------------------------------------------------------------- shapes

@@ -5,7 +5,8 @@ dataset sample and regress the noise (epsilon prediction) with the 1-D U-Net, co
 the last `n_obs_steps` observations.
 
 Inference (`predict_action_chunk`): start from Gaussian noise `(B, horizon, A)` and denoise it step by step
-(DDPM, or DDIM with fewer steps) under the same conditioning; unnormalize.
+(DDPM, or DDIM with fewer steps) under the same conditioning; unnormalize. With `inference_fast_path` the
+networks run as an `inference.InferencePlan` built from the same weights (bf16 with `inference_dtype`).
 
 Alignment of the action horizon with the observation history (n_obs_steps = 2, horizon = 16, at step t):
 

@@ -59,6 +59,79 @@ def replace_batch_norm(module: nn.Module) -> nn.Module:
     return module
 
 
+class _Conv2dWeightGradFp32(torch.autograd.Function):
+    """A 2-D convolution in a low-precision dtype whose weight gradient is computed in fp32.
+
+    On CPU, PyTorch's bf16 convolution weight gradient is ~30x slower than fp32 (measured here: 1.76 s
+    against 62 ms for a 64-channel 3x3 layer at batch 128), which made bf16 autocast training of the image
+    policy slower than fp32; the forward pass and the input gradient are fast in bf16 and stay there.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, dtype, stride, padding, dilation, groups):
+        low_weight = weight.to(dtype)
+        ctx.save_for_backward(x, low_weight)
+        ctx.conv = (stride, padding, dilation, groups)
+        ctx.has_bias = bias is not None
+        return nn.functional.conv2d(x, low_weight, bias.to(dtype) if bias is not None else None, *ctx.conv)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, low_weight = ctx.saved_tensors
+        stride, padding, dilation, groups = ctx.conv
+        grad_x = grad_w = grad_b = None
+        conv_args = (stride, padding, dilation, False, (0, 0), groups)
+        if ctx.needs_input_grad[0]:
+            grad_x = torch.ops.aten.convolution_backward(
+                grad, x, low_weight, None, *conv_args, (True, False, False)
+            )[0]
+        if ctx.needs_input_grad[1]:
+            grad_w = torch.ops.aten.convolution_backward(
+                grad.float(), x.float(), low_weight.float(), None, *conv_args, (False, True, False)
+            )[1]
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_b = grad.float().sum(dim=(0, 2, 3))
+        return grad_x, grad_w, grad_b, None, None, None, None, None
+
+
+class AutocastFriendlyConv2d(nn.Conv2d):
+    """`nn.Conv2d` (same parameters) whose weight gradient stays fp32 when training under CPU autocast.
+
+    Outside that case (no autocast, no gradient, or not on CPU) it is exactly `nn.Conv2d`.
+    """
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not (
+            x.device.type == "cpu"
+            and torch.is_grad_enabled()
+            and torch.is_autocast_enabled("cpu")
+            and self.padding_mode == "zeros"
+            and not isinstance(self.padding, str)
+        ):
+            return super().forward(x)
+        dtype = torch.get_autocast_dtype("cpu")
+        with torch.autocast("cpu", enabled=False):
+            return _Conv2dWeightGradFp32.apply(
+                x.to(dtype),
+                self.weight,
+                self.bias,
+                dtype,
+                self.stride,
+                self.padding,
+                self.dilation,
+                self.groups,
+            )
+
+
+def use_autocast_friendly_convs(module: nn.Module) -> nn.Module:
+    """Turn every plain `nn.Conv2d` inside `module` into an `AutocastFriendlyConv2d` (in place; the
+    parameters, their names and the state dict do not change)."""
+    for child in module.modules():
+        if type(child) is nn.Conv2d:
+            child.__class__ = AutocastFriendlyConv2d
+    return module
+
+
 def random_crop(images: Tensor, size: tuple[int, int], generator: torch.Generator | None = None) -> Tensor:
     """Crop every image of `images` (N, C, H, W) at its own random offset to `(N, C, h, w)`."""
     n, _, height, width = images.shape
@@ -112,6 +185,7 @@ class RgbEncoder(nn.Module):
         self.pool = SpatialSoftmax(tuple(feature_shape), config.spatial_softmax_num_keypoints)
         self.feature_dim = 2 * config.spatial_softmax_num_keypoints
         self.out = nn.Sequential(nn.Linear(self.feature_dim, self.feature_dim), nn.ReLU())
+        use_autocast_friendly_convs(self)
 
     def forward(self, images: Tensor) -> Tensor:
         """`images` (N, C, H, W) -> `(N, feature_dim)`."""
