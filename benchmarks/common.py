@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
-import json
 import os
-import platform
-import statistics
-import time
-from collections.abc import Callable
-from pathlib import Path
 
-import torch
-from omegaconf import OmegaConf
+# Before torch loads (as lerobot/__init__.py does): spinning OpenMP threads collapse on busy cores.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from lerobot.cli import CONFIG_DIR
-from lerobot.config import EnvConfig, env_config, validate_config
+import json  # noqa: E402
+import platform  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+
+from lerobot.cli import CONFIG_DIR  # noqa: E402
+from lerobot.config import EnvConfig, env_config, validate_config  # noqa: E402
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
