@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 from pathlib import Path
 
 from bench_envs import ceiling_steps_per_s
-from common import load_env, median_of, print_table, save_results
+from common import RESULTS_DIR, load_env, median_of, print_table, save_results
 
 from lerobot.cli import checkpoint_config
 from lerobot.config import env_config
@@ -147,6 +148,13 @@ def main() -> None:
         utilization = utilization_rows(args.checkpoint, n_envs=10, n_episodes=50)
     print()
     print_table(rows, COLUMNS)
+    # Rows of the policies not run this time are kept from the previous results file.
+    previous = RESULTS_DIR / "eval.json"
+    if previous.exists():
+        old = json.loads(previous.read_text())
+        ran = {r["policy"] for r in rows}
+        rows = [r for r in old["rows"] if r["policy"] not in ran] + rows
+        utilization = utilization or old.get("utilization", [])
     print(f"wrote {save_results('eval', rows, {'utilization': utilization})}")
 
 
