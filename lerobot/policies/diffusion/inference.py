@@ -13,8 +13,8 @@ few cores (it works on CUDA too):
   memory, so unfolding them into the `(B*T_out, k*C)` matmul operand is one contiguous copy (the
   channel-major layout gathers with stride T). GroupNorm runs on the same memory viewed as a channels-last
   `(B, C, T, 1)` tensor, without a copy.
-- **The transposed convolutions** that upsample time (kernel 4, stride 2): one matmul over windows of 2
-  input steps whose output holds the even and the odd output step side by side (as `TemporalUpsample1d`).
+- **The transposed convolutions** that upsample time (kernel 4, stride 2): one matmul of the input with
+  all 4 taps, then two shifted sums (as `TemporalUpsample1d`).
 - **FiLM hoisted out of the denoising loop**: every residual block's FiLM is `Linear(Mish([step_emb,
   global_cond]))`. Mish is elementwise, so this splits into a global part (computed once per chunk, for all
   blocks in one matmul) and a step part (computed once per set of scheduler timesteps, for all blocks and
@@ -39,7 +39,7 @@ from lerobot.policies.diffusion.unet import (
     ConditionalUnet1D,
     FiLMResidualBlock,
     TemporalConv1d,
-    upsample_matmul_weight,
+    interleave_upsample_taps,
 )
 from lerobot.policies.diffusion.vision import RgbEncoder, center_crop
 
@@ -107,8 +107,8 @@ class _TimeConv:
 
 class _Upsample:
     """`TemporalUpsample1d` (a stride-2 transposed convolution) on time-major `(B, T, C)` -> `(B, 2T, C)`:
-    one matmul over windows of 2 steps gives each window's even and odd output step (see
-    `unet.upsample_matmul_weight`); time-major windows are again contiguous rows."""
+    one matmul gives every input step's product with the 4 taps, `unet.interleave_upsample_taps` sums them
+    into the output steps."""
 
     def __init__(self, conv: nn.ConvTranspose1d, dtype: torch.dtype, prepack: bool):
         if (
@@ -122,18 +122,14 @@ class _Upsample:
             raise ValueError(
                 f"only ConvTranspose1d(kernel_size=4, stride=2, padding=1) is supported, got {conv}"
             )
-        weight = upsample_matmul_weight(conv.weight, time_major=True)
-        bias = conv.bias.repeat(2) if conv.bias is not None else None
-        self.linear = PreparedLinear(weight, bias, dtype, prepack)
+        self.linear = PreparedLinear(conv.weight.view(conv.in_channels, -1).T, None, dtype, prepack)
+        self.bias = conv.bias.detach().to(dtype) if conv.bias is not None else None
         self.out_channels = conv.out_channels
 
     def __call__(self, x: Tensor) -> Tensor:
         batch, length, channels = x.shape
-        x = F.pad(x, (0, 0, 1, 1))
-        windows = x.as_strided((batch, length + 1, 2 * channels), (x.stride(0), channels, 1))
-        y = self.linear(windows.reshape(batch * (length + 1), 2 * channels)).view(batch, length + 1, 2, -1)
-        # (B, T+1, 2, C): even step m from window m, odd step m from window m + 1; interleave into (B, 2T, C).
-        return torch.stack([y[:, :length, 0], y[:, 1:, 1]], dim=2).view(batch, 2 * length, self.out_channels)
+        taps = self.linear(x.reshape(batch * length, channels)).view(batch, length, self.out_channels, 4)
+        return interleave_upsample_taps(taps, self.bias)
 
 
 def _group_norm(x: Tensor, norm: nn.GroupNorm) -> Tensor:

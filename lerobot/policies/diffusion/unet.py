@@ -73,31 +73,27 @@ class TemporalConv1d(nn.Linear):
         return einops.rearrange(super().forward(columns), "(b t) o -> b o t", b=x.shape[0])
 
 
-# Taps of the stride-2, kernel-4 transposed convolution that feed an even output step (from input steps
-# m-1 and m) and an odd one (from m and m+1); see `TemporalUpsample1d`.
-_UPSAMPLE_TAPS = (3, 1, 2, 0)
+def interleave_upsample_taps(taps: Tensor, bias: Tensor | None) -> Tensor:
+    """Finish `ConvTranspose1d(C_in, C_out, 4, stride=2, padding=1)` from per-tap products.
 
-
-def upsample_matmul_weight(weight: Tensor, time_major: bool = False) -> Tensor:
-    """`ConvTranspose1d(C_in, C_out, 4, stride=2, padding=1)` weight `(C_in, C_out, 4)` -> the matmul weight
-    `(2 * C_out, 2 * C_in)` that maps a window of 2 input steps to an even and an odd output step.
-
-    Output step o receives input step i through tap j = o + 1 - 2i, so output 2m = x[m-1] W3 + x[m] W1 and
-    output 2m+1 = x[m] W2 + x[m+1] W0. Rows: the even output's channels, then the odd one's. Columns: the
-    window's (channel, step) pairs, ordered (c, k) for channel-major windows or (k, c) for time-major ones.
+    `taps` (B, T, C_out, 4) holds `x[i] @ W_j` for every input step i and tap j (one matmul of the
+    time-major input with the weight viewed as `(C_in, C_out * 4)`). Output step o receives input step i
+    through tap j = o + 1 - 2i, so output 2m = x[m-1] W3 + x[m] W1 and output 2m+1 = x[m] W2 + x[m+1] W0.
+    Returns the time-major output (B, 2T, C_out).
     """
-    c_in, c_out, _ = weight.shape
-    taps = weight[:, :, list(_UPSAMPLE_TAPS)].view(c_in, c_out, 2, 2)  # (c, o, parity, k)
-    order = (2, 1, 3, 0) if time_major else (2, 1, 0, 3)
-    return taps.permute(*order).reshape(2 * c_out, 2 * c_in)
+    padded = nn.functional.pad(taps, (0, 0, 0, 0, 1, 1))  # zero steps -1 and T
+    even = padded[:, :-2, :, 3] + padded[:, 1:-1, :, 1]
+    odd = padded[:, 1:-1, :, 2] + padded[:, 2:, :, 0]
+    out = torch.stack([even, odd], dim=2).flatten(1, 2)  # (B, 2T, C_out), steps 2m, 2m+1 interleaved
+    return out if bias is None else out + bias.to(out.dtype)
 
 
 class TemporalUpsample1d(nn.ConvTranspose1d):
-    """`nn.ConvTranspose1d(C, C, 4, stride=2, padding=1)` `(B, C, T)` -> `(B, C, 2T)`, computed as one matmul.
+    """`nn.ConvTranspose1d(C, C, 4, stride=2, padding=1)` `(B, C, T)` -> `(B, C, 2T)` as one matmul.
 
-    Same parameters (and state dict) as the transposed convolution. Over the zero-padded input, window q holds
-    steps (q-1, q) for q = 0..T; one matmul gives, per window, an even output (step 2q) and an odd one
-    (step 2q-1), see `upsample_matmul_weight`. Besides using the matmul kernels, this avoids the CPU's
+    Same parameters (and state dict) as the transposed convolution; the weight `(C_in, C_out, 4)` is used
+    as the free view `(C_in, C_out * 4)`, so no per-call weight rearrangement (see
+    `interleave_upsample_taps`). Besides running on the matmul kernels, this avoids the CPU's
     transposed-convolution backward, which is pathologically slow in bf16 (~0.5 s per call at batch 64).
     """
 
@@ -106,14 +102,9 @@ class TemporalUpsample1d(nn.ConvTranspose1d):
 
     def forward(self, x: Tensor) -> Tensor:
         batch, _, length = x.shape
-        windows = nn.functional.pad(x, (1, 1)).unfold(2, 2, 1)  # (B, C, T+1, 2)
-        columns = einops.rearrange(windows, "b c t k -> (b t) (c k)")
-        bias = self.bias.repeat(2) if self.bias is not None else None
-        y = nn.functional.linear(columns, upsample_matmul_weight(self.weight), bias)
-        y = y.view(batch, length + 1, 2, -1)  # (B, window, parity, C)
-        # Output 2m is window m's even half, output 2m+1 window m+1's odd half.
-        out = torch.stack([y[:, :length, 0], y[:, 1:, 1]], dim=2)  # (B, T, 2, C)
-        return einops.rearrange(out, "b t two c -> b c (t two)")
+        taps = torch.matmul(x.transpose(1, 2), self.weight.view(self.in_channels, -1))  # (B, T, C_out*4)
+        out = interleave_upsample_taps(taps.view(batch, length, self.out_channels, 4), self.bias)
+        return out.transpose(1, 2)
 
 
 class ConvNormMish(nn.Sequential):
