@@ -43,16 +43,33 @@ def test_bad_env_config_is_named():
         make_env(cfg, 1)
 
 
-def test_use_async_auto_follows_measured_step_cost(monkeypatch):
+def test_use_async_auto_is_measured_and_cached(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    factory.measured_async_choice.cache_clear()
     cfg = load("pusht")
     assert resolve_use_async("true", cfg, 1) is True
     assert resolve_use_async("false", cfg, 8) is False
     assert resolve_use_async("auto", cfg, 1) is False  # one env: nothing to overlap
+    calls = []
+
+    def fake_rate(env_cfg, n_envs, use_async, n_steps=40):
+        calls.append(use_async)
+        return 500.0 if use_async else 300.0
+
     monkeypatch.setattr(factory.os, "cpu_count", lambda: 2)
-    monkeypatch.setattr(factory, "measure_step_ms", lambda key: 2.5)
+    monkeypatch.setattr(factory, "measure_vector_steps_per_s", fake_rate)
     assert resolve_use_async("auto", cfg, 8) is True
-    monkeypatch.setattr(factory, "measure_step_ms", lambda key: 0.3)
-    assert resolve_use_async("auto", cfg, 8) is False
+    assert sorted(calls) == [False, True]
+    # Cached on disk: a new process (cleared in-process cache) does not measure again.
+    factory.measured_async_choice.cache_clear()
+    assert resolve_use_async("auto", cfg, 8) is True and len(calls) == 2
+    monkeypatch.setattr(
+        factory, "measure_vector_steps_per_s", lambda cfg, n, use_async: 100.0 if use_async else 300.0
+    )
+    assert resolve_use_async("auto", cfg, 4) is False  # another env count is measured on its own
     monkeypatch.setattr(factory.os, "cpu_count", lambda: 1)
-    monkeypatch.setattr(factory, "measure_step_ms", lambda key: 2.5)
     assert resolve_use_async("auto", cfg, 8) is False
+
+
+def test_measure_vector_steps_per_s_runs():
+    assert factory.measure_vector_steps_per_s(load("pusht_keypoints"), 2, use_async=False, n_steps=5) > 0

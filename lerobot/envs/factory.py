@@ -4,20 +4,24 @@ from __future__ import annotations
 
 import functools
 import importlib
+import json
+import logging
 import multiprocessing
 import os
 import time
+from pathlib import Path
 
 import gymnasium as gym
+import numpy as np
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, VectorEnv
+from omegaconf import OmegaConf
 
 from lerobot.config import ConfigError, EnvConfig
 
+log = logging.getLogger(__name__)
+
 # spawn/forkserver never fork a parent that already runs torch's thread pools (fork can deadlock there).
 _START_METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
-
-# Above this single-env step cost, async workers win on this many cores (see docs/benchmarks.md).
-ASYNC_MIN_STEP_MS = 1.0
 
 
 def _make_single_env(gym_id: str, max_episode_steps: int, gym_kwargs: dict, render_mode: str | None):
@@ -73,34 +77,77 @@ def make_env(
     return SyncVectorEnv(fns, autoreset_mode=autoreset_mode, copy=copy)
 
 
+def measure_vector_steps_per_s(env_cfg: EnvConfig, n_envs: int, use_async: bool, n_steps: int = 40) -> float:
+    """Env steps per second of a vector env of `n_envs` stepping random actions (rendering on, no policy)."""
+    env = make_env(env_cfg, n_envs, use_async=use_async, copy=False)
+    try:
+        env.reset(seed=0)
+        rng = np.random.default_rng(0)
+        low, high = env.single_action_space.low, env.single_action_space.high
+        actions = rng.uniform(low, high, size=(n_steps + 5, n_envs, *low.shape)).astype(np.float32)
+        for action in actions[:5]:  # warm-up: first steps of fresh workers are slow
+            env.step(action)
+        start = time.perf_counter()
+        for action in actions[5:]:
+            env.step(action)
+        return n_steps * n_envs / (time.perf_counter() - start)
+    finally:
+        env.close()
+
+
+def _choice_cache_path() -> Path:
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "lerobot" / "vector_env_choice.json"
+
+
 @functools.cache
-def measure_step_ms(env_cfg_key: tuple, n_steps: int = 50) -> float:
-    """Median wall time (ms) of one single-env step with random actions, rendering included."""
-    gym_id, max_steps, kwargs = env_cfg_key
-    env = _make_single_env(gym_id, max_steps, dict(kwargs), "rgb_array")
-    env.reset(seed=0)
-    times = []
-    for _ in range(n_steps):
-        t0 = time.perf_counter()
-        _, _, term, trunc, _ = env.step(env.action_space.sample())
-        times.append(time.perf_counter() - t0)
-        if term or trunc:
-            env.reset()
-    env.close()
-    times.sort()
-    return 1e3 * times[len(times) // 2]
+def measured_async_choice(key: str, env_cfg_yaml: str, n_envs: int) -> bool:
+    """Time sync and async stepping for this env and env count (once per machine; cached on disk)."""
+    path = _choice_cache_path()
+    try:
+        cache = json.loads(path.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    if key in cache:
+        return bool(cache[key]["async"])
+    env_cfg = OmegaConf.to_object(
+        OmegaConf.merge(OmegaConf.structured(EnvConfig), OmegaConf.create(env_cfg_yaml))
+    )
+    sync_rate = measure_vector_steps_per_s(env_cfg, n_envs, use_async=False)
+    async_rate = measure_vector_steps_per_s(env_cfg, n_envs, use_async=True)
+    choice = async_rate > sync_rate
+    log.info(
+        "vector env choice for %s: sync %.0f vs async %.0f steps/s -> %s",
+        key,
+        sync_rate,
+        async_rate,
+        "async" if choice else "sync",
+    )
+    cache[key] = {"async": choice, "sync_steps_per_s": sync_rate, "async_steps_per_s": async_rate}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(cache, indent=1))
+        tmp.replace(path)
+    except OSError:
+        pass  # a read-only cache only costs a re-measurement next time
+    return choice
 
 
 def resolve_use_async(setting: str | bool, env_cfg: EnvConfig, n_envs: int) -> bool:
     """Turn `eval.use_async_envs` (true/false/auto) into a decision.
 
-    `auto` goes async only when there is more than one env and more than one core, and one env step costs
-    more than `ASYNC_MIN_STEP_MS`: below that, inter-process traffic costs more than the physics saves.
+    `auto` is a measurement, not a guess: with one env or one core it is sync; otherwise it times a few
+    dozen random-action steps of a sync and an async vector env of `n_envs` (rendering on) and picks the
+    faster. The choice is cached per machine (cores), env and env count in
+    `~/.cache/lerobot/vector_env_choice.json`, so the probe (a few seconds) runs once.
     """
     value = str(setting).lower()
     if value in ("true", "false"):
         return value == "true"
-    if n_envs < 2 or (os.cpu_count() or 1) < 2:
+    cores = os.cpu_count() or 1
+    if n_envs < 2 or cores < 2:
         return False
-    key = (env_cfg.gym_id, env_cfg.max_episode_steps, tuple(sorted(dict(env_cfg.gym_kwargs).items())))
-    return measure_step_ms(key) > ASYNC_MIN_STEP_MS
+    env_yaml = OmegaConf.to_yaml(OmegaConf.structured(env_cfg))
+    key = f"{env_cfg.gym_id}|{sorted(dict(env_cfg.gym_kwargs).items())}|n_envs={n_envs}|cores={cores}"
+    return measured_async_choice(key, env_yaml, n_envs)
