@@ -330,12 +330,6 @@ PARITY_RUNS = {
         "policy.inference_fast_path=true",
         "policy.inference_dtype=bfloat16",
     ],
-    # The same policy with other sampling noise: how much the figures move by chance alone.
-    "fp32 DDIM10, noise seed 1001": [
-        "policy.inference_scheduler=DDIM",
-        "policy.num_inference_steps=10",
-        "seed=1001",
-    ],
     "fp32 DDPM100": ["policy.inference_scheduler=DDPM", "policy.num_inference_steps=100"],
     "fast bf16 DDPM100": [
         "policy.inference_scheduler=DDPM",
@@ -362,8 +356,28 @@ def _dataset_observations(cfg, policy: DiffusionPolicy, n: int) -> dict | None:
     return {k: items[k] for k in policy.config.input_features}
 
 
-def parity(checkpoint: Path, n_episodes: int, batch: int, start_seed: int, repeats: int) -> dict:
-    """Success parity on a trained checkpoint and the chunk-time ratio DDPM100 / DDIM10 at the eval batch."""
+def _summary(name: str, successes: torch.Tensor, max_rewards: torch.Tensor) -> dict:
+    n = successes.numel()
+    p = successes.mean().item()
+    return {
+        "run": name,
+        "n_episodes": n,
+        "pc_success": 100 * p,
+        "pc_success_se": 100 * (p * (1 - p) / n) ** 0.5,  # binomial standard error
+        "avg_max_reward": max_rewards.mean().item(),
+        "avg_max_reward_se": (max_rewards.std() / n**0.5).item(),
+    }
+
+
+def parity(
+    checkpoint: Path, n_episodes: int, batch: int, start_seed: int, repeats: int, noise_seeds: list[int]
+) -> dict:
+    """Success parity on a trained checkpoint and the chunk-time ratio DDPM100 / DDIM10 at the eval batch.
+
+    Every run evaluates the same `n_episodes` initial states (env seeds from `start_seed`) once per noise
+    seed (`set_seed` before `eval_policy`: the policy's sampling noise); rows per (run, noise seed) and
+    pooled over the noise seeds. The spread between noise seeds of one run shows what chance alone does.
+    """
     from lerobot.cli import checkpoint_config
     from lerobot.config import env_config
     from lerobot.envs import make_env
@@ -374,42 +388,34 @@ def parity(checkpoint: Path, n_episodes: int, batch: int, start_seed: int, repea
 
     ckpt = resolve_checkpoint_dir(checkpoint)
     common = [f"eval.n_episodes={n_episodes}", f"eval.batch_size={batch}", f"eval.start_seed={start_seed}"]
-    evals, policies = [], {}
-    for name, overrides in PARITY_RUNS.items():
-        cfg = checkpoint_config(ckpt, overrides + common)
-        policy, _ = load_policy(ckpt, cfg=cfg)
-        policies[name] = policy
-        set_seed(cfg.seed)  # the same initial noise for every run: a paired comparison
-        env = make_env(env_config(cfg), min(batch, n_episodes), use_async=False)
-        try:
-            info = eval_policy(env, policy, n_episodes, start_seed=start_seed, progress=False)
-        finally:
-            env.close()
-        agg = info["aggregated"]
-        successes = torch.tensor([float(ep["success"]) for ep in info["per_episode"]])
-        max_rewards = torch.tensor([ep["max_reward"] for ep in info["per_episode"]])
-        p_success = successes.mean().item()
-        evals.append(
-            {
-                "run": name,
-                "pc_success": agg["pc_success"],
-                # binomial standard error of pc_success, standard error of the mean max reward
-                "pc_success_se": 100 * (p_success * (1 - p_success) / n_episodes) ** 0.5,
-                "avg_max_reward": agg["avg_max_reward"],
-                "avg_max_reward_se": (max_rewards.std() / n_episodes**0.5).item(),
-                "avg_sum_reward": agg["avg_sum_reward"],
-                "eval_s": agg["eval_s"],
-                "n_episodes": n_episodes,
-                "success": [bool(x) for x in successes],
-                "max_reward": max_rewards.tolist(),
-            }
-        )
-        print_table(
-            evals[-1:],
-            ["run", "pc_success", "pc_success_se", "avg_max_reward", "avg_max_reward_se", "eval_s"],
-        )
-        if "noise seed" in name:
-            del policies[name]  # not timed below
+    policies = {
+        name: load_policy(ckpt, cfg=checkpoint_config(ckpt, o + common))[0] for name, o in PARITY_RUNS.items()
+    }
+    env_cfg = env_config(checkpoint_config(ckpt, common))
+    evals, per_run = [], {name: ([], []) for name in policies}
+    for noise_seed in noise_seeds:
+        for name, policy in policies.items():
+            set_seed(noise_seed)
+            env = make_env(env_cfg, min(batch, n_episodes), use_async=False)
+            try:
+                info = eval_policy(env, policy, n_episodes, start_seed=start_seed, progress=False)
+            finally:
+                env.close()
+            successes = torch.tensor([float(ep["success"]) for ep in info["per_episode"]])
+            max_rewards = torch.tensor([ep["max_reward"] for ep in info["per_episode"]])
+            per_run[name][0].append(successes)
+            per_run[name][1].append(max_rewards)
+            row = _summary(name, successes, max_rewards)
+            row.update(
+                noise_seed=noise_seed, eval_s=info["aggregated"]["eval_s"], max_reward=max_rewards.tolist()
+            )
+            evals.append(row)
+            print_table([row], ["run", "noise_seed", "pc_success", "avg_max_reward", "eval_s"])
+    pooled = [_summary(name, torch.cat(s), torch.cat(r)) for name, (s, r) in per_run.items()]
+    print(f"pooled over noise seeds {noise_seeds}:")
+    print_table(
+        pooled, ["run", "n_episodes", "pc_success", "pc_success_se", "avg_max_reward", "avg_max_reward_se"]
+    )
 
     # Chunk time at the eval batch (and 1, 8), DDPM100 vs DDIM10 and fp32 vs fast, interleaved.
     cfg = checkpoint_config(ckpt, common)
@@ -459,7 +465,13 @@ def parity(checkpoint: Path, n_episodes: int, batch: int, start_seed: int, repea
             }
         )
     print_table(diffs, ["schedule", "n_observations", "max_abs_diff", "mean_abs_diff", "p99_abs_diff"])
-    return {"checkpoint": str(ckpt), "evals": evals, "chunk_timing": timing, "action_diffs": diffs}
+    return {
+        "checkpoint": str(ckpt),
+        "evals": evals,
+        "pooled": pooled,
+        "chunk_timing": timing,
+        "action_diffs": diffs,
+    }
 
 
 # ----------------------------------------------------------------------------------------------- report
@@ -526,10 +538,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--episodes", type=int, default=50)
     parser.add_argument("--eval-batch", type=int, default=50)
     parser.add_argument("--start-seed", type=int, default=100000)
+    parser.add_argument("--noise-seeds", type=int, nargs="+", default=[1000, 1001, 1002])
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.parity is not None:
-        result = parity(args.parity, args.episodes, args.eval_batch, args.start_seed, args.repeats)
+        result = parity(
+            args.parity, args.episodes, args.eval_batch, args.start_seed, args.repeats, args.noise_seeds
+        )
         path = save_results(
             "inference_parity", result.pop("evals"), {**result, "args": _jsonable(vars(args))}
         )
