@@ -273,7 +273,10 @@ def unet_step_ablation(policy: DiffusionPolicy, batches: list[int], repeats: int
                 "modules with bf16 weights": functools.partial(
                     bf16_copy, x.bfloat16(), steps, cond.bfloat16()
                 ),
-                **{name: functools.partial(plan.unet, x, conds[name], 0) for name, plan in plans.items()},
+                **{
+                    name: functools.partial(plan.unet.denoise, x, conds[name], 0)
+                    for name, plan in plans.items()
+                },
             }
             times = {name: [] for name in fns}
             for _ in range(repeats + 1):

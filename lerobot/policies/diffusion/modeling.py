@@ -280,7 +280,7 @@ class DiffusionPolicy(Policy):
             plan = self.inference_plan()
             conditioning = plan.unet.condition(global_cond, timesteps)
             for i, step in enumerate(timesteps):
-                prediction = plan.unet(sample, conditioning, i)
+                prediction = plan.unet.denoise(sample, conditioning, i)
                 sample = scheduler.step(prediction, step, sample, generator=generator).prev_sample
             return sample
         with self._autocast(device):
