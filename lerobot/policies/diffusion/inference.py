@@ -135,20 +135,6 @@ class _Upsample(nn.Module):
         return interleave_upsample_taps(taps, self.bias)
 
 
-def mish(x: Tensor) -> Tensor:
-    """Mish, `x * tanh(softplus(x))`, as `x - 2x / (n + 2)` with `n = e^x (e^x + 2)`, computed in fp32.
-
-    The identity: tanh(log(1 + e^x)) = ((1 + e^x)^2 - 1) / ((1 + e^x)^2 + 1) = n / (n + 2). Built from
-    vectorized elementwise kernels, it runs ~3x faster here than `F.mish` on bf16 activations of a few
-    10^4 elements (0.1 vs 0.3 ms), which adds up over the ~50 Mish of a U-Net step. `exp` is clamped at 20,
-    where the ratio is 1 in fp32 (mish(x) = x), so it cannot overflow.
-    """
-    xf = x.float()
-    e = xf.clamp(max=20.0).exp_()
-    n = e.add(2.0).mul_(e)
-    return torch.addcdiv(xf, xf, n.add_(2.0), value=-2.0).to(x.dtype)
-
-
 def _group_norm(x: Tensor, norm: nn.GroupNorm) -> Tensor:
     """GroupNorm of time-major `(B, T, C)`, computed on the channels-last view `(B, C, T, 1)` (no copy);
     the statistics are accumulated in fp32 for bf16 inputs."""
@@ -166,7 +152,7 @@ class _ConvNormMish(nn.Module):
         self.norm.load_state_dict(norm.state_dict())  # fp32 affine parameters (GroupNorm mixes dtypes)
 
     def forward(self, x: Tensor) -> Tensor:
-        return mish(_group_norm(self.conv(x), self.norm))
+        return F.mish(_group_norm(self.conv(x), self.norm), inplace=True)
 
 
 class _Block(nn.Module):
