@@ -75,9 +75,12 @@ def _reset(env: VectorEnv, seeds: list[int | None], mask: np.ndarray | None):
 
 def _success(info: dict[str, Any], num_envs: int) -> np.ndarray:
     """Per-env `is_success` of the step just taken (read from `final_info` where SAME_STEP autoreset hid it)."""
-    success = np.zeros(num_envs, dtype=bool)
     if "is_success" in info:
-        success = np.where(info.get("_is_success", True), info["is_success"], False).astype(bool)
+        success = info["is_success"].astype(bool, copy=False)
+        if "_is_success" in info:
+            success = success & info["_is_success"]
+    else:
+        success = np.zeros(num_envs, dtype=bool)
     final = info.get("final_info")
     if isinstance(final, dict) and "is_success" in final:
         has_final = np.asarray(info.get("_final_info", np.ones(num_envs, dtype=bool)), dtype=bool)
@@ -138,6 +141,12 @@ def eval_policy(
     policy.reset()
 
     slot_ep = np.full(num_envs, -1, dtype=np.int64)  # episode index each slot runs, -1 = idle
+    # Running figures of each slot's current episode, copied to the episode's row when it ends: per step
+    # they cost a few whole-array numpy ops and no fancy indexing.
+    slot_sum = np.zeros(num_envs)
+    slot_max = np.full(num_envs, -np.inf)
+    slot_success = np.zeros(num_envs, dtype=bool)
+    slot_start = np.zeros(num_envs, dtype=np.int64)  # vector step at which the slot's episode began
     sum_reward = np.zeros(n_episodes)
     max_reward = np.full(n_episodes, -np.inf)
     success = np.zeros(n_episodes, dtype=bool)
@@ -150,6 +159,7 @@ def eval_policy(
         videos_dir.mkdir(parents=True, exist_ok=True)
 
     next_ep = 0
+    vector_step = 0
     # Idle slots still step (a vector env steps all of them); they get seeds past the evaluated range.
     idle_seed = start_seed + n_episodes
 
@@ -167,6 +177,10 @@ def eval_policy(
                 slot_ep[slot] = -1
                 seeds[slot] = idle_seed
                 idle_seed += 1
+        slot_sum[slots] = 0.0
+        slot_max[slots] = -np.inf
+        slot_success[slots] = False
+        slot_start[slots] = vector_step
         return seeds
 
     def record_frames(slots: np.ndarray) -> None:
@@ -181,32 +195,32 @@ def eval_policy(
     try:
         obs, _ = _reset(env, assign(np.arange(num_envs)), None)
         record_frames(np.arange(num_envs))
-        all_slots = np.ones(num_envs, dtype=bool)
         n_active = int((slot_ep >= 0).sum())
         while n_active > 0:
             action = policy.select_action(observation_to_batch(obs, device))
             obs, reward, terminated, truncated, info = _step(env, action.cpu().numpy())
+            vector_step += 1
             total_steps += num_envs
             busy_steps += n_active
-            step_success = _success(info, num_envs)
-            if n_active == num_envs:  # the common case: no masking needed
-                active, eps = all_slots, slot_ep
-            else:
-                active = slot_ep >= 0
-                eps, reward, step_success = slot_ep[active], reward[active], step_success[active]
-            sum_reward[eps] += reward
-            max_reward[eps] = np.maximum(max_reward[eps], reward)
-            success[eps] |= step_success
-            n_steps[eps] += 1
+            # Idle slots accumulate too; their figures are discarded.
+            slot_sum += reward
+            np.maximum(slot_max, reward, out=slot_max)
+            slot_success |= _success(info, num_envs)
             if frames:
-                record_frames(np.flatnonzero(active))
+                record_frames(np.flatnonzero(slot_ep >= 0))
 
-            done = (terminated | truncated) & active
+            done = terminated | truncated
             if not done.any():
                 continue
-            finished = np.flatnonzero(done)
-            for slot in finished:
-                ep = int(slot_ep[slot])
+            finished = np.flatnonzero(done & (slot_ep >= 0))
+            if finished.size == 0:
+                continue
+            eps = slot_ep[finished]
+            sum_reward[eps] = slot_sum[finished]
+            max_reward[eps] = slot_max[finished]
+            success[eps] = slot_success[finished]
+            n_steps[eps] = vector_step - slot_start[finished]
+            for slot, ep in zip(finished, eps.tolist()):
                 if ep in frames and writer is not None:
                     path = videos_dir / f"eval_episode_{ep}.mp4"
                     video_jobs.append(writer.submit(_write_video, path, frames.pop(ep), fps))
@@ -219,7 +233,6 @@ def eval_policy(
                 to_reset = np.arange(num_envs)
             else:
                 # Fixed batches: a finished slot idles (reset so it stays steppable) until all are done.
-                to_reset = finished
                 seeds: list[int | None] = [None] * num_envs
                 for slot in finished:
                     seeds[slot] = idle_seed

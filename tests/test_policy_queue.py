@@ -72,3 +72,60 @@ def test_bad_chunk_shape_is_reported():
 
     with pytest.raises(ValueError, match="expected"):
         Short(1, 2, horizon=2).select_action(obs(0))
+
+
+class ReferenceQueue:
+    """The queue semantics written the slow, obvious way: per env Python lists."""
+
+    def __init__(self, n_obs_steps: int, n_action_steps: int, n_envs: int):
+        self.n_obs, self.n_act = n_obs_steps, n_action_steps
+        self.history = [[] for _ in range(n_envs)]
+        self.queue = [[] for _ in range(n_envs)]
+
+    def reset(self, env_id: int) -> None:
+        self.history[env_id], self.queue[env_id] = [], []
+
+    def step(self, values: list[float]) -> tuple[list[float], list[list[float]]]:
+        """Actions for this step, and the histories passed to chunk predictions (envs in order)."""
+        actions, planned = [], []
+        for env_id, value in enumerate(values):
+            history = self.history[env_id] or [value] * self.n_obs
+            self.history[env_id] = (history + [value])[-self.n_obs :]
+            if not self.queue[env_id]:
+                planned.append(list(self.history[env_id]))
+                self.queue[env_id] = [100 * value + j for j in range(self.n_act)]
+            actions.append(self.queue[env_id].pop(0))
+        return actions, planned
+
+
+@pytest.mark.parametrize("n_obs_steps,n_action_steps", [(1, 1), (1, 4), (2, 3), (3, 2)])
+def test_matches_reference_under_random_per_env_resets(n_obs_steps, n_action_steps):
+    n_envs = 4
+    policy = StepEncodingPolicy(n_obs_steps, n_action_steps, horizon=n_action_steps + 1)
+    reference = ReferenceQueue(n_obs_steps, n_action_steps, n_envs)
+    rng = torch.Generator().manual_seed(0)
+    for t in range(60):
+        resets = torch.nonzero(torch.rand(n_envs, generator=rng) < 0.15).flatten().tolist()
+        if resets and t > 0:
+            policy.reset(env_ids=resets)
+            for env_id in resets:
+                reference.reset(env_id)
+        values = [float(10 * t + e) for e in range(n_envs)]
+        n_calls = len(policy.calls)
+        batch = obs(*values)
+        action = policy.select_action(batch)
+        batch[OBS_STATE].fill_(-1.0)  # the caller reuses its buffer: the policy's history must not change
+        want_actions, want_planned = reference.step(values)
+        assert action.view(-1).tolist() == want_actions, f"step {t}"
+        got_planned = [row.view(-1).tolist() for call in policy.calls[n_calls:] for row in call]
+        assert got_planned == want_planned, f"step {t}"
+
+
+def test_returned_actions_are_not_overwritten_by_later_chunks():
+    policy = StepEncodingPolicy(1, 2, horizon=2)
+    first = policy.select_action(obs(1, 2))
+    kept = first.clone()
+    policy.reset(env_ids=[0])
+    for t in range(5):
+        policy.select_action(obs(3 + t, 4 + t))
+    assert torch.equal(first, kept)

@@ -21,21 +21,32 @@ def observation_to_batch(
     - `environment_state` (B, D) -> `observation.environment_state` (B, D) float32
     - a plain array observation (e.g. Pendulum's (B, 3)) -> `observation.state`
 
-    The whole batch is converted at once: one copy per array, then one device transfer.
+    The whole batch is converted at once, with one pass over each array. On the CPU a float32 array is
+    used as is (no copy), so the tensors may share memory with `obs`; the `Policy` base class copies
+    what it keeps across steps.
     """
     if not isinstance(obs, dict):
         obs = {"agent_pos": obs}
+    on_cpu = getattr(device, "type", device) == "cpu"  # torch.device(...) would cost more than the copy
     batch = {}
     for key, value in obs.items():
         if key not in _KEY_MAP:
             raise KeyError(f"unexpected observation key {key!r}; known keys: {sorted(_KEY_MAP)}")
-        tensor = torch.from_numpy(np.asarray(value))
+        value = np.asarray(value)
         if key == "pixels":
-            if tensor.ndim != 4 or tensor.shape[-1] != 3:
-                raise ValueError(f"pixels must be (B, H, W, 3), got {tuple(tensor.shape)}")
-            # Move the uint8 image first (4x fewer bytes), then scale on the device.
-            tensor = tensor.to(device, non_blocking=True).permute(0, 3, 1, 2).float().div_(255.0)
+            if value.ndim != 4 or value.shape[-1] != 3:
+                raise ValueError(f"pixels must be (B, H, W, 3), got {value.shape}")
+            if on_cpu:
+                # Scaled as the dataset scales; the result is a channels-last view (B, 3, H, W).
+                scaled = np.divide(value, np.float32(255.0), dtype=np.float32)
+                tensor = torch.from_numpy(scaled).permute(0, 3, 1, 2)
+            else:
+                # Move the uint8 image first (4x fewer bytes), then scale on the device.
+                tensor = torch.from_numpy(value).to(device, non_blocking=True)
+                tensor = tensor.permute(0, 3, 1, 2).float().div_(255.0)
+        elif on_cpu:
+            tensor = torch.from_numpy(value.astype(np.float32, copy=False))
         else:
-            tensor = tensor.to(device, dtype=torch.float32, non_blocking=True)
+            tensor = torch.from_numpy(value).to(device, dtype=torch.float32, non_blocking=True)
         batch[_KEY_MAP[key]] = tensor
     return batch

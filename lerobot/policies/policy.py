@@ -7,6 +7,7 @@ turns chunks into one action per env step lives here, once.
 from __future__ import annotations
 
 import abc
+from collections import deque
 from collections.abc import Sequence
 
 import numpy as np
@@ -68,71 +69,103 @@ class Policy(nn.Module, abc.ABC):
     def reset(self, env_ids: Sequence[int] | Tensor | np.ndarray | None = None) -> None:
         """Clear observation history and action queue, for all envs (`None`) or only for `env_ids`."""
         if env_ids is None:
-            self._history: dict[str, Tensor] | None = None  # key -> (B, n_obs_steps, ...)
-            self._queue: Tensor | None = None  # (B, n_action_steps, action_dim)
-            # Bookkeeping stays in numpy: checking it costs no tensor op (and no device sync) per step.
-            self._queue_pos = np.zeros(0, dtype=np.int64)  # (B,) next action index; n_action_steps = empty
-            self._fresh = np.zeros(0, dtype=bool)  # (B,) the next observation fills the whole history
+            self._state = _QueueState(self.n_obs_steps)
             self.on_reset(None)
             return
-        if self._history is None:
+        state = self._state
+        if state.batch_size == 0:  # nothing queued yet
             return
         ids = np.asarray(env_ids.cpu() if isinstance(env_ids, Tensor) else env_ids, dtype=np.int64)
-        self._queue_pos[ids] = self.n_action_steps
-        self._fresh[ids] = True
+        state.first_step[ids] = state.step
+        state.chunk_step[ids] = _NO_CHUNK
+        state.refill_step = state.step
+        state.aligned_step = None
         self.on_reset(torch.from_numpy(ids))
 
-    @torch.no_grad()
     def select_action(self, batch: dict[str, Tensor]) -> Tensor:
-        """Return one action per env (B, action_dim) for the current observations (B, ...)."""
+        """Return one action per env (B, action_dim) for the current observations (B, ...).
+
+        A step that only pops a queued action runs no tensor op: the history is stacked and the queue
+        indexed only when a chunk is predicted or when envs are at different positions of their chunks.
+        """
+        # A `with` block, not the decorator: the decorator builds a new context manager on every call.
+        with torch.no_grad():
+            return self._select_action(batch)
+
+    def _select_action(self, batch: dict[str, Tensor]) -> Tensor:
         obs = {k: v for k, v in batch.items() if k.startswith(OBS_PREFIX)}
         if not obs:
             raise KeyError(
                 f"select_action needs observation keys (starting with {OBS_PREFIX!r}), got {list(batch)}"
             )
-        first = next(iter(obs.values()))
-        batch_size = first.shape[0]
-        if self._history is None or self._fresh.shape[0] != batch_size or self._history.keys() != obs.keys():
-            self._history = {
-                k: v.unsqueeze(1).expand(-1, self.n_obs_steps, *v.shape[1:]) for k, v in obs.items()
-            }
-            self._fresh = np.zeros(batch_size, dtype=bool)
-            self._queue_pos = np.full(batch_size, self.n_action_steps, dtype=np.int64)
-            self._queue = None
-        else:
-            fresh_ids = np.flatnonzero(self._fresh) if self.n_obs_steps > 1 and self._fresh.any() else None
-            for key, value in obs.items():
-                if self.n_obs_steps == 1:
-                    self._history[key] = value.unsqueeze(1)
-                    continue
-                rolled = torch.cat([self._history[key][:, 1:], value.unsqueeze(1)], dim=1)
-                if fresh_ids is not None:
-                    ids = torch.from_numpy(fresh_ids).to(value.device)
-                    rolled[ids] = value[ids].unsqueeze(1)
-                self._history[key] = rolled
-            if fresh_ids is not None or self.n_obs_steps == 1:
-                self._fresh[:] = False
+        state = self._state
+        batch_size = next(iter(obs.values())).shape[0]
+        if state.batch_size != batch_size or (state.obs and state.obs[-1].keys() != obs.keys()):
+            self.reset()
+            state = self._state
+            state.start(batch_size)
+        # Older observations must survive the caller reusing its buffers (a vector env with copy=False).
+        state.obs.append({k: v.clone() for k, v in obs.items()} if self.n_obs_steps > 1 else obs)
+        step = state.step
+        if step >= state.refill_step:
+            self._refill(state, step)
+        state.step = step + 1
+        if state.aligned_step is not None:
+            return state.columns[step - state.aligned_step]
+        device = state.queue.device
+        pos = torch.from_numpy(step - state.chunk_step).to(device)
+        return state.queue[torch.arange(batch_size, device=device), pos]
 
-        empty = self._queue_pos >= self.n_action_steps
-        if empty.all():
-            self._fill_queue(self._history, None)
-        elif empty.any():
-            index = torch.from_numpy(np.flatnonzero(empty)).to(first.device)
-            self._fill_queue({k: v[index] for k, v in self._history.items()}, index)
-        pos = self._queue_pos
-        if pos.min() == pos.max():
-            action = self._queue[:, int(pos[0])]
+    def _refill(self, state: _QueueState, step: int) -> None:
+        """Predict new chunks for the envs whose queue is empty at `step`."""
+        if state.aligned_step is not None:  # all envs share one chunk, so all ran out together
+            empty, ids = slice(None), None
         else:
-            rows = torch.arange(batch_size, device=self._queue.device)
-            action = self._queue[rows, torch.from_numpy(pos).to(self._queue.device)]
-        self._queue_pos += 1
-        return action
+            empty = state.chunk_step + self.n_action_steps <= step
+            ids = None if empty.all() else np.flatnonzero(empty)
+        self._fill_queue(state, self._stacked_history(state, ids), ids)
+        state.chunk_step[empty] = step
+        state.refill_step = int(state.chunk_step.min()) + self.n_action_steps
+        aligned = ids is None or state.refill_step == int(state.chunk_step.max()) + self.n_action_steps
+        state.aligned_step = step if aligned else None
+        state.columns = state.queue.unbind(1) if aligned else ()
 
-    def _fill_queue(self, history: dict[str, Tensor], ids: Tensor | None) -> None:
-        """Predict chunks for the envs `ids` (LongTensor, all envs when None) and queue them."""
-        self.chunk_env_ids = ids
+    def _stacked_history(self, state: _QueueState, ids: np.ndarray | None) -> dict[str, Tensor]:
+        """`{key: (b, n_obs_steps, ...)}` for the envs `ids` (all when None), oldest first.
+
+        Slots from before an env's reset (or before the first step) repeat its first observation since then.
+        """
+        entries = list(state.obs)
+        n_kept, n_obs = len(entries), self.n_obs_steps
+        source = None
+        if n_obs > 1:  # with one observation step every env has a whole history
+            # Observations each env has had since its reset, at most those kept.
+            n_valid = np.minimum(state.step - state.first_step + 1, n_kept)
+            if ids is not None:
+                n_valid = n_valid[ids]
+            if n_valid.min() < n_obs:
+                # (b, n_obs): which kept entry fills each history slot.
+                source = np.maximum(np.arange(n_obs) - n_obs + n_kept, (n_kept - n_valid)[:, None])
+        history = {}
+        for key in entries[-1]:
+            if n_kept == 1:
+                value = entries[0][key].unsqueeze(1)
+            else:
+                value = torch.stack([entry[key] for entry in entries], dim=1)  # (B, n_kept, ...)
+            if ids is not None:
+                value = value[torch.from_numpy(ids).to(value.device)]
+            if source is not None:
+                rows = torch.arange(value.shape[0], device=value.device).unsqueeze(1)
+                value = value[rows, torch.from_numpy(source).to(value.device)]
+            history[key] = value
+        return history
+
+    def _fill_queue(self, state: _QueueState, history: dict[str, Tensor], ids: np.ndarray | None) -> None:
+        """Predict chunks for the envs `ids` (all envs when None) and queue them."""
+        env_ids = None if ids is None else torch.from_numpy(ids).to(next(iter(history.values())).device)
+        self.chunk_env_ids = env_ids
         try:
-            chunk = self.predict_action_chunk(dict(history))
+            chunk = self.predict_action_chunk(history)
         finally:
             self.chunk_env_ids = None
         n_envs = next(iter(history.values())).shape[0]
@@ -141,14 +174,48 @@ class Policy(nn.Module, abc.ABC):
                 f"{type(self).__name__}.predict_action_chunk returned shape {tuple(chunk.shape)}; expected "
                 f"(B={n_envs}, T>={self.n_action_steps}, action_dim)"
             )
-        chunk = chunk[:, : self.n_action_steps]
-        if ids is None:
-            self._queue = chunk
-            self._queue_pos[:] = 0
+        if chunk.shape[1] > self.n_action_steps:
+            chunk = chunk[:, : self.n_action_steps]
+        if env_ids is None:
+            state.queue = chunk
             return
-        if self._queue is None:
-            self._queue = chunk.new_zeros(self._queue_pos.shape[0], *chunk.shape[1:])
-        elif self._queue.data_ptr() == chunk.data_ptr() or not self._queue.is_contiguous():
-            self._queue = self._queue.clone()
-        self._queue[ids] = chunk
-        self._queue_pos[ids.cpu().numpy()] = 0
+        # A new tensor rather than an in-place write: actions returned earlier are views of the old queue.
+        if state.queue is None:
+            queue = chunk.new_zeros(state.batch_size, *chunk.shape[1:])
+        else:
+            queue = state.queue.clone()
+        queue[env_ids] = chunk
+        state.queue = queue
+
+
+# Chunk step of an env with an empty queue: far enough in the past that the queue reads as empty.
+_NO_CHUNK = -(2**40)
+
+
+class _QueueState:
+    """The per-env history and queue bookkeeping of `Policy.select_action`.
+
+    A plain object rather than module attributes: `nn.Module.__setattr__` costs microseconds per write,
+    and a step writes here. Per-env figures are numpy arrays (B,) so checking them costs no tensor op.
+    """
+
+    __slots__ = (
+        "obs", "queue", "columns", "step", "batch_size", "first_step", "chunk_step", "refill_step", "aligned_step"
+    )  # fmt: skip
+
+    def __init__(self, n_obs_steps: int):
+        self.obs: deque[dict[str, Tensor]] = deque(maxlen=n_obs_steps)  # newest last, each (B, ...)
+        self.queue: Tensor | None = None  # (B, n_action_steps, action_dim)
+        self.columns: tuple[Tensor, ...] = ()  # the queue's (B, action_dim) columns, when aligned
+        self.step = 0  # index of the next `select_action` call
+        self.batch_size = 0  # known at the first `select_action`
+        self.first_step = np.zeros(0, dtype=np.int64)  # (B,) step of the first observation since reset
+        self.chunk_step = np.zeros(0, dtype=np.int64)  # (B,) step the queued chunk was predicted at
+        self.refill_step = 0  # first step at which some env's queue runs empty
+        self.aligned_step: int | None = None  # the common chunk step when all envs share one
+
+    def start(self, batch_size: int) -> None:
+        """Size the per-env arrays for a batch of `batch_size` envs, all with empty queues."""
+        self.batch_size = batch_size
+        self.first_step = np.zeros(batch_size, dtype=np.int64)
+        self.chunk_step = np.full(batch_size, _NO_CHUNK, dtype=np.int64)
