@@ -2,8 +2,8 @@
 
     python benchmarks/bench_envs.py [--repeats 3] [--n-envs 1 2 4 8 16]
 
-Writes benchmarks/results/envs.json and prints a table. `ceiling_steps_per_s` is imported by
-bench_eval.py so that ratios are measured in the same run.
+Writes benchmarks/results/envs.json and prints a table. `raw_steps_per_s` is imported by bench_eval.py,
+which measures the ceiling on the very env it evaluates on, alternating with the evaluation runs.
 """
 
 from __future__ import annotations
@@ -14,25 +14,31 @@ import time
 
 import numpy as np
 from common import load_env, median_of, print_table, save_results
+from gymnasium.vector import VectorEnv
 
 from lerobot.config import EnvConfig
 from lerobot.envs import make_env
 
 
+def raw_steps_per_s(env: VectorEnv, env_steps: int = 1500, seed: int = 0) -> float:
+    """Env steps per second of `env.step` alone on `env` (actions sampled beforehand), ~`env_steps` steps."""
+    env.reset(seed=seed)
+    rng = np.random.default_rng(seed)
+    low, high = env.single_action_space.low, env.single_action_space.high
+    n_vector_steps = max(env_steps // env.num_envs, 30)
+    actions = rng.uniform(low, high, size=(n_vector_steps, env.num_envs, *low.shape)).astype(np.float32)
+    env.step(actions[0])  # warm-up (first step of async workers)
+    start = time.perf_counter()
+    for action in actions:
+        env.step(action)
+    return n_vector_steps * env.num_envs / (time.perf_counter() - start)
+
+
 def ceiling_steps_per_s(env_cfg: EnvConfig, n_envs: int, use_async: bool, env_steps: int = 1500) -> float:
-    """Env steps per second of `env.step` alone (actions sampled beforehand) over about `env_steps` steps."""
-    env = make_env(env_cfg, n_envs, use_async=use_async)
+    """`raw_steps_per_s` of a new vector env built as `eval_policy` gets it (copy=False)."""
+    env = make_env(env_cfg, n_envs, use_async=use_async, copy=False)
     try:
-        env.reset(seed=0)
-        rng = np.random.default_rng(0)
-        low, high = env.single_action_space.low, env.single_action_space.high
-        n_vector_steps = max(env_steps // n_envs, 30)
-        actions = rng.uniform(low, high, size=(n_vector_steps, n_envs, *low.shape)).astype(np.float32)
-        env.step(actions[0])  # warm-up (first step of async workers)
-        start = time.perf_counter()
-        for action in actions:
-            env.step(action)
-        return n_vector_steps * n_envs / (time.perf_counter() - start)
+        return raw_steps_per_s(env, env_steps)
     finally:
         env.close()
 

@@ -3,7 +3,7 @@
     python benchmarks/bench_eval.py [--repeats 3] [--checkpoint RUN_OR_CKPT_DIR]
 
 Rows: (a) the random policy on the keypoints and pixels envs, n_envs 1/4/8/16, sync and async, each with
-the ceiling (bench_envs.py) measured in the same run; (b) with `--checkpoint`, a Diffusion Policy checkpoint
+the ceiling (`bench_envs.raw_steps_per_s`) measured on the same env, alternating with the evaluation runs; (b) with `--checkpoint`, a Diffusion Policy checkpoint
 with DDPM 100 steps and DDIM 10 steps; (c) slot utilization of the fixed-batch schedule vs refill on the
 same checkpoint. Writes benchmarks/results/eval.json.
 """
@@ -11,12 +11,13 @@ same checkpoint. Writes benchmarks/results/eval.json.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
+import math
+import statistics
 from pathlib import Path
 
-from bench_envs import ceiling_steps_per_s
-from common import RESULTS_DIR, load_env, median_of, print_table, save_results
+from bench_envs import raw_steps_per_s
+from common import RESULTS_DIR, load_env, print_table, save_results
 
 from lerobot.cli import checkpoint_config
 from lerobot.config import env_config
@@ -39,40 +40,53 @@ def eval_rate(
         env.close()
 
 
-def _median_eval(env_cfg, policy, n_envs, use_async, n_episodes, repeats, schedule="refill") -> dict:
-    runs = [eval_rate(env_cfg, policy, n_envs, use_async, n_episodes, schedule) for _ in range(repeats)]
-    runs.sort(key=lambda r: r["env_steps_per_s"])
-    return runs[len(runs) // 2]
+def paired_row(
+    policy_name: str, env_cfg, policy, n_envs: int, use_async: bool, n_episodes: int, repeats: int
+) -> dict:
+    """Alternate the raw ceiling and `eval_policy` on one env, `repeats` times each.
+
+    Both run on the same env object (copy=False, as `eval_policy` gets it) and alternate, so a load change
+    on this shared machine hits both; `ratio` is the median of the per-pair ratios.
+    """
+    env = make_env(env_cfg, n_envs, use_async=use_async, copy=False)
+    ceilings, runs = [], []
+    try:
+        for _ in range(repeats):
+            ceilings.append(raw_steps_per_s(env))
+            runs.append(eval_policy(env, policy, n_episodes, start_seed=0, progress=False)["aggregated"])
+    finally:
+        env.close()
+    ratios = [run["env_steps_per_s"] / ceiling for run, ceiling in zip(runs, ceilings)]
+    return {
+        "policy": policy_name,
+        "env": env_cfg.name,
+        "n_envs": n_envs,
+        "mode": "async" if use_async else "sync",
+        "episodes_per_s": statistics.median(1.0 / run["eval_ep_s"] for run in runs),
+        "steps_per_s": statistics.median(run["env_steps_per_s"] for run in runs),
+        "ceiling_steps_per_s": statistics.median(ceilings),
+        "ratio": statistics.median(ratios),
+        "ratio_runs": ratios,
+    }
 
 
 def random_rows(n_envs_list: list[int], repeats: int) -> list[dict]:
+    """The random policy: what `eval_policy` itself costs next to the env."""
     rows = []
     for env_name in ("pusht_keypoints", "pusht"):
         env_cfg = load_env(env_name)
         policy = make_policy(make_policy_config({"name": "random"}, env_cfg))
         for n_envs in n_envs_list:
+            # Whole batches of 300-step episodes, at least as many env steps as the ceiling's 1500.
+            n_episodes = n_envs * math.ceil(5 / n_envs)
             for use_async in (False, True):
-                ceiling, _ = median_of(
-                    functools.partial(ceiling_steps_per_s, env_cfg, n_envs, use_async), repeats
-                )
-                agg = _median_eval(env_cfg, policy, n_envs, use_async, n_envs, repeats)
-                rows.append(
-                    {
-                        "policy": "random",
-                        "env": env_name,
-                        "n_envs": n_envs,
-                        "mode": "async" if use_async else "sync",
-                        "episodes_per_s": 1.0 / agg["eval_ep_s"],
-                        "steps_per_s": agg["env_steps_per_s"],
-                        "ceiling_steps_per_s": ceiling,
-                        "ratio": agg["env_steps_per_s"] / ceiling,
-                    }
-                )
+                rows.append(paired_row("random", env_cfg, policy, n_envs, use_async, n_episodes, repeats))
                 print_table(rows[-1:], COLUMNS)
     return rows
 
 
 def diffusion_rows(checkpoint: Path, n_envs_list: list[int], episode_steps: int) -> list[dict]:
+    """Diffusion Policy with DDPM 100 and DDIM 10 steps, one episode per env (one pair per row: slow)."""
     rows = []
     ckpt = resolve_checkpoint_dir(checkpoint)
     for sampler, steps in (("DDPM", 100), ("DDIM", 10)):
@@ -86,20 +100,8 @@ def diffusion_rows(checkpoint: Path, n_envs_list: list[int], episode_steps: int)
         env_cfg = env_config(cfg)
         for n_envs in n_envs_list:
             for use_async in (False, True):
-                ceiling = ceiling_steps_per_s(env_cfg, n_envs, use_async)
-                agg = eval_rate(env_cfg, policy, n_envs, use_async, n_envs)
-                rows.append(
-                    {
-                        "policy": f"diffusion {sampler}{steps}",
-                        "env": env_cfg.name,
-                        "n_envs": n_envs,
-                        "mode": "async" if use_async else "sync",
-                        "episodes_per_s": 1.0 / agg["eval_ep_s"],
-                        "steps_per_s": agg["env_steps_per_s"],
-                        "ceiling_steps_per_s": ceiling,
-                        "ratio": agg["env_steps_per_s"] / ceiling,
-                    }
-                )
+                name = f"diffusion {sampler}{steps}"
+                rows.append(paired_row(name, env_cfg, policy, n_envs, use_async, n_envs, repeats=1))
                 print_table(rows[-1:], COLUMNS)
     return rows
 

@@ -74,13 +74,12 @@ def _reset(env: VectorEnv, seeds: list[int | None], mask: np.ndarray | None):
 
 
 def _success(info: dict[str, Any], num_envs: int) -> np.ndarray:
-    """Per-env `is_success` of the step just taken (read from `final_info` where SAME_STEP autoreset hid it)."""
-    if "is_success" in info:
-        success = info["is_success"].astype(bool, copy=False)
-        if "_is_success" in info:
-            success = success & info["_is_success"]
-    else:
-        success = np.zeros(num_envs, dtype=bool)
+    """Per-env `is_success` of the step just taken (read from `final_info` where SAME_STEP autoreset hid it).
+
+    Envs that did not report `is_success` read False: gymnasium fills their entries with zeros.
+    """
+    success = info.get("is_success")
+    success = np.zeros(num_envs, dtype=bool) if success is None else success.astype(bool, copy=False)
     final = info.get("final_info")
     if isinstance(final, dict) and "is_success" in final:
         has_final = np.asarray(info.get("_final_info", np.ones(num_envs, dtype=bool)), dtype=bool)
@@ -197,8 +196,10 @@ def eval_policy(
         record_frames(np.arange(num_envs))
         n_active = int((slot_ep >= 0).sum())
         while n_active > 0:
-            action = policy.select_action(observation_to_batch(obs, device))
-            obs, reward, terminated, truncated, info = _step(env, action.cpu().numpy())
+            # Most steps pop queued actions: no observation to convert (or move to a GPU) then.
+            batch = observation_to_batch(obs, device) if policy.wants_observation() else None
+            action = policy.select_action(batch, as_numpy=True)
+            obs, reward, terminated, truncated, info = _step(env, action)
             vector_step += 1
             total_steps += num_envs
             busy_steps += n_active

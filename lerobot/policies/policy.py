@@ -50,8 +50,12 @@ class Policy(nn.Module, abc.ABC):
             raise ValueError(f"n_obs_steps={n_obs_steps} and n_action_steps={n_action_steps} must be >= 1")
         self.n_obs_steps = n_obs_steps
         self.n_action_steps = n_action_steps
-        self.chunk_env_ids: Tensor | None = None
         self.reset()
+
+    @property
+    def chunk_env_ids(self) -> Tensor | None:
+        """During `predict_action_chunk`: the env slots (LongTensor) its batch rows are, or None for all envs."""
+        return self._state.chunk_env_ids
 
     # ----------------------------------------------------------------- to implement
     @abc.abstractmethod
@@ -82,17 +86,54 @@ class Policy(nn.Module, abc.ABC):
         state.aligned_step = None
         self.on_reset(torch.from_numpy(ids))
 
-    def select_action(self, batch: dict[str, Tensor]) -> Tensor:
+    def wants_observation(self) -> bool:
+        """Whether the next `select_action` reads its observation: a chunk is due, or the history keeps it.
+
+        When False, `select_action(None)` pops the queued actions and the caller can skip converting (and,
+        on a GPU, transferring) an observation nobody reads: with one observation step and chunks of N
+        actions, N - 1 of every N steps.
+        """
+        state = self._state
+        return self.n_obs_steps > 1 or state.batch_size == 0 or state.step >= state.refill_step
+
+    def select_action(self, batch: dict[str, Tensor] | None, as_numpy: bool = False) -> Tensor | np.ndarray:
         """Return one action per env (B, action_dim) for the current observations (B, ...).
 
-        A step that only pops a queued action runs no tensor op: the history is stacked and the queue
-        indexed only when a chunk is predicted or when envs are at different positions of their chunks.
+        `batch` may be None when `wants_observation()` is False. A step that only pops queued actions runs
+        no tensor op: the history is stacked and the queue indexed only when a chunk is predicted, or when
+        envs are at different positions of their chunks. `as_numpy=True` returns a numpy array (what an
+        env takes), copied from the device once per chunk rather than once per step.
         """
-        # A `with` block, not the decorator: the decorator builds a new context manager on every call.
-        with torch.no_grad():
-            return self._select_action(batch)
+        state = self._state
+        if batch is not None:
+            state = self._observe(batch)
+        elif self.wants_observation():
+            raise ValueError(
+                "select_action(None) at a step that needs the observation (a chunk is due or the history "
+                "keeps it): pass the batch whenever policy.wants_observation() is True"
+            )
+        step = state.step
+        if step >= state.refill_step:
+            with torch.no_grad():
+                self._refill(state, step)
+        state.step = step + 1
+        if as_numpy:
+            if state.queue_numpy is None:
+                host = state.queue.cpu()
+                state.queue_numpy = (host.float() if host.dtype == torch.bfloat16 else host).numpy()
+            if state.aligned_step is not None:
+                return state.queue_numpy[:, step - state.aligned_step]
+            return state.queue_numpy[np.arange(state.batch_size), step - state.chunk_step]
+        if state.aligned_step is not None:
+            if not state.columns:
+                state.columns = state.queue.unbind(1)
+            return state.columns[step - state.aligned_step]
+        device = state.queue.device
+        pos = torch.from_numpy(step - state.chunk_step).to(device)
+        return state.queue[torch.arange(state.batch_size, device=device), pos]
 
-    def _select_action(self, batch: dict[str, Tensor]) -> Tensor:
+    def _observe(self, batch: dict[str, Tensor]) -> _QueueState:
+        """Add the observation keys of `batch` to the history (restarting on a new batch size or key set)."""
         obs = {k: v for k, v in batch.items() if k.startswith(OBS_PREFIX)}
         if not obs:
             raise KeyError(
@@ -105,30 +146,26 @@ class Policy(nn.Module, abc.ABC):
             state = self._state
             state.start(batch_size)
         # Older observations must survive the caller reusing its buffers (a vector env with copy=False).
-        state.obs.append({k: v.clone() for k, v in obs.items()} if self.n_obs_steps > 1 else obs)
-        step = state.step
-        if step >= state.refill_step:
-            self._refill(state, step)
-        state.step = step + 1
-        if state.aligned_step is not None:
-            return state.columns[step - state.aligned_step]
-        device = state.queue.device
-        pos = torch.from_numpy(step - state.chunk_step).to(device)
-        return state.queue[torch.arange(batch_size, device=device), pos]
+        state.obs.append({k: v.detach().clone() for k, v in obs.items()} if self.n_obs_steps > 1 else obs)
+        return state
 
     def _refill(self, state: _QueueState, step: int) -> None:
         """Predict new chunks for the envs whose queue is empty at `step`."""
         if state.aligned_step is not None:  # all envs share one chunk, so all ran out together
-            empty, ids = slice(None), None
+            ids = None
         else:
             empty = state.chunk_step + self.n_action_steps <= step
             ids = None if empty.all() else np.flatnonzero(empty)
         self._fill_queue(state, self._stacked_history(state, ids), ids)
-        state.chunk_step[empty] = step
-        state.refill_step = int(state.chunk_step.min()) + self.n_action_steps
-        aligned = ids is None or state.refill_step == int(state.chunk_step.max()) + self.n_action_steps
-        state.aligned_step = step if aligned else None
-        state.columns = state.queue.unbind(1) if aligned else ()
+        if ids is None:
+            state.chunk_step.fill(step)
+            state.refill_step, state.aligned_step = step + self.n_action_steps, step
+        else:
+            state.chunk_step[ids] = step
+            oldest, newest = int(state.chunk_step.min()), int(state.chunk_step.max())
+            state.refill_step = oldest + self.n_action_steps
+            state.aligned_step = step if oldest == newest else None
+        state.columns, state.queue_numpy = (), None  # made on demand
 
     def _stacked_history(self, state: _QueueState, ids: np.ndarray | None) -> dict[str, Tensor]:
         """`{key: (b, n_obs_steps, ...)}` for the envs `ids` (all when None), oldest first.
@@ -163,11 +200,11 @@ class Policy(nn.Module, abc.ABC):
     def _fill_queue(self, state: _QueueState, history: dict[str, Tensor], ids: np.ndarray | None) -> None:
         """Predict chunks for the envs `ids` (all envs when None) and queue them."""
         env_ids = None if ids is None else torch.from_numpy(ids).to(next(iter(history.values())).device)
-        self.chunk_env_ids = env_ids
+        state.chunk_env_ids = env_ids
         try:
             chunk = self.predict_action_chunk(history)
         finally:
-            self.chunk_env_ids = None
+            state.chunk_env_ids = None
         n_envs = next(iter(history.values())).shape[0]
         if chunk.ndim != 3 or chunk.shape[0] != n_envs or chunk.shape[1] < self.n_action_steps:
             raise ValueError(
@@ -200,12 +237,14 @@ class _QueueState:
     """
 
     __slots__ = (
-        "obs", "queue", "columns", "step", "batch_size", "first_step", "chunk_step", "refill_step", "aligned_step"
+        "obs", "queue", "queue_numpy", "columns", "step", "batch_size", "first_step", "chunk_step", "refill_step",
+        "aligned_step", "chunk_env_ids",
     )  # fmt: skip
 
     def __init__(self, n_obs_steps: int):
         self.obs: deque[dict[str, Tensor]] = deque(maxlen=n_obs_steps)  # newest last, each (B, ...)
         self.queue: Tensor | None = None  # (B, n_action_steps, action_dim)
+        self.queue_numpy: np.ndarray | None = None  # the queue on the host, made at the first numpy request
         self.columns: tuple[Tensor, ...] = ()  # the queue's (B, action_dim) columns, when aligned
         self.step = 0  # index of the next `select_action` call
         self.batch_size = 0  # known at the first `select_action`
@@ -213,6 +252,7 @@ class _QueueState:
         self.chunk_step = np.zeros(0, dtype=np.int64)  # (B,) step the queued chunk was predicted at
         self.refill_step = 0  # first step at which some env's queue runs empty
         self.aligned_step: int | None = None  # the common chunk step when all envs share one
+        self.chunk_env_ids: Tensor | None = None  # see `Policy.chunk_env_ids`
 
     def start(self, batch_size: int) -> None:
         """Size the per-env arrays for a batch of `batch_size` envs, all with empty queues."""
