@@ -49,10 +49,12 @@ def paired_row(
     on this shared machine hits both; `ratio` is the median of the per-pair ratios.
     """
     env = make_env(env_cfg, n_envs, use_async=use_async, copy=False)
+    # As many env steps as the evaluation at most (full-length episodes), autoresets included.
+    env_steps = n_episodes * (env_cfg.max_episode_steps + 1)
     ceilings, runs = [], []
     try:
         for _ in range(repeats):
-            ceilings.append(raw_steps_per_s(env))
+            ceilings.append(raw_steps_per_s(env, env_steps))
             runs.append(eval_policy(env, policy, n_episodes, start_seed=0, progress=False)["aggregated"])
     finally:
         env.close()

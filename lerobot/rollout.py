@@ -228,6 +228,8 @@ def eval_policy(
                 slot_ep[slot] = -1
             bar.update(len(finished))
             bar.set_postfix(env_steps=busy_steps)
+            if next_ep == n_episodes and not (slot_ep >= 0).any():
+                break  # every episode has ended: no slot needs a reset
             if schedule == "refill":
                 to_reset = finished
             elif not (slot_ep >= 0).any():
