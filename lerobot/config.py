@@ -105,6 +105,8 @@ class EvalConfig:
     max_episodes_rendered: int = 4
     start_seed: int = 100_000
     freq: int = 10_000
+    # Async envs: fail when a step takes longer (seconds). None waits; a dead worker fails at once anyway.
+    step_timeout_s: float | None = None
 
 
 @dataclass
@@ -157,6 +159,10 @@ def validate_config(cfg: DictConfig | dict) -> DictConfig:
     for key, ok in checks.items():
         if not ok:
             raise ConfigError(f"{key}={OmegaConf.select(merged, key)} must be a positive number")
+    if merged.eval.step_timeout_s is not None and merged.eval.step_timeout_s <= 0:
+        raise ConfigError(
+            f"eval.step_timeout_s={merged.eval.step_timeout_s} must be a positive number or null"
+        )
     if str(merged.eval.use_async_envs).lower() not in ("auto", "true", "false"):
         raise ConfigError(f"eval.use_async_envs={merged.eval.use_async_envs!r}: expected auto, true or false")
     if merged.device not in ("cpu", "cuda", "auto") and not str(merged.device).startswith("cuda:"):

@@ -18,6 +18,7 @@ Exactness rules:
 from __future__ import annotations
 
 import math
+import multiprocessing
 import os
 import tempfile
 import time
@@ -33,8 +34,10 @@ from tqdm.auto import tqdm
 from lerobot.envs.observation import observation_to_batch
 from lerobot.policies.policy import Policy
 
-# A step that takes longer than this means a worker hangs; fail instead of waiting forever.
-ASYNC_STEP_TIMEOUT_S = 120.0
+# A reset that takes longer than this means a worker hangs; fail instead of waiting forever. Steps wait
+# without a timeout unless `eval_policy(step_timeout_s=...)` asks for one: gymnasium enforces it by polling
+# every worker's pipe, ~50 us per env per step, which is 10% of a keypoint env's step.
+ASYNC_RESET_TIMEOUT_S = 120.0
 SCHEDULES = ("refill", "batch")
 
 
@@ -49,28 +52,33 @@ def policy_device(policy: torch.nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
-def _step(env: VectorEnv, action: np.ndarray):
+def _step(env: VectorEnv, action: np.ndarray, timeout_s: float | None = None):
     if not isinstance(env, AsyncVectorEnv):
         return env.step(action)
     try:
         env.step_async(action)
-        return env.step_wait(timeout=ASYNC_STEP_TIMEOUT_S)
+        return env.step_wait(timeout=timeout_s)
     except (EOFError, BrokenPipeError, ConnectionResetError) as e:
         raise EnvWorkerError(
             f"an env worker process died during step ({type(e).__name__}); see its log above"
         ) from None
-    except TimeoutError:
-        raise EnvWorkerError(
-            f"an env worker did not answer a step within {ASYNC_STEP_TIMEOUT_S:.0f} s"
-        ) from None
+    except (TimeoutError, multiprocessing.TimeoutError):  # gymnasium raises the latter
+        raise EnvWorkerError(f"an env worker did not answer a step within {timeout_s:.0f} s") from None
 
 
 def _reset(env: VectorEnv, seeds: list[int | None], mask: np.ndarray | None):
     options = None if mask is None else {"reset_mask": mask}
-    try:
+    if not isinstance(env, AsyncVectorEnv):
         return env.reset(seed=seeds, options=options)
+    try:
+        env.reset_async(seed=seeds, options=options)
+        return env.reset_wait(timeout=ASYNC_RESET_TIMEOUT_S)
     except (EOFError, BrokenPipeError, ConnectionResetError) as e:
         raise EnvWorkerError(f"an env worker process died during reset ({type(e).__name__})") from None
+    except (TimeoutError, multiprocessing.TimeoutError):  # gymnasium raises the latter
+        raise EnvWorkerError(
+            f"an env worker did not answer a reset within {ASYNC_RESET_TIMEOUT_S:.0f} s"
+        ) from None
 
 
 def _success(info: dict[str, Any], num_envs: int) -> np.ndarray:
@@ -119,6 +127,7 @@ def eval_policy(
     videos_dir: Path | str | None = None,
     progress: bool = True,
     schedule: str = "refill",
+    step_timeout_s: float | None = None,
 ) -> dict[str, Any]:
     """Evaluate `policy` for `n_episodes` on the vector env `env` and return per-episode and aggregate metrics.
 
@@ -126,6 +135,8 @@ def eval_policy(
     "aggregated": {"avg_sum_reward", "avg_max_reward", "pc_success", "eval_s", "eval_ep_s", "env_steps",
     "env_steps_per_s", "slot_utilization"}, "video_paths": [...]}` with episodes ordered by index.
     `slot_utilization` is busy env-steps / total env-steps (idle slots waiting for others count as waste).
+    With an `AsyncVectorEnv`, a dead worker raises `EnvWorkerError` at once; a hung one does so after
+    `step_timeout_s` if given (checking costs time every step, see `ASYNC_RESET_TIMEOUT_S`).
     """
     if n_episodes <= 0:
         raise ValueError(f"n_episodes={n_episodes} must be > 0")
@@ -199,7 +210,7 @@ def eval_policy(
             # Most steps pop queued actions: no observation to convert (or move to a GPU) then.
             batch = observation_to_batch(obs, device) if policy.wants_observation() else None
             action = policy.select_action(batch, as_numpy=True)
-            obs, reward, terminated, truncated, info = _step(env, action)
+            obs, reward, terminated, truncated, info = _step(env, action, step_timeout_s)
             vector_step += 1
             total_steps += num_envs
             busy_steps += n_active

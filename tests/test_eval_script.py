@@ -72,6 +72,7 @@ def test_eval_checkpoint_round_trip(tmp_path):
         (["policy=nope"], "available policy options"),
         (["policy=random", "eval.n_episodes=0"], "eval.n_episodes"),
         (["policy=random", "eval.bogus=1"], "bogus"),
+        (["policy=random", "eval.step_timeout_s=0"], "eval.step_timeout_s"),
         (["--checkpoint", "/does/not/exist"], "does not exist"),
         (["policy=diffusion"], "--checkpoint"),
     ],

@@ -166,6 +166,15 @@ def test_async_worker_that_dies_surfaces_in_parent():
     env.close(terminate=True)
 
 
+def test_async_worker_that_hangs_fails_after_the_step_timeout():
+    env = AsyncVectorEnv([functools.partial(make_toy, hang_at=2)] * 2, context="spawn")
+    start = time.monotonic()
+    with pytest.raises(EnvWorkerError, match="did not answer a step within 2 s"):
+        eval_policy(env, EchoSeedPolicy(), 2, progress=False, step_timeout_s=2.0)
+    assert time.monotonic() - start < 20
+    env.close(terminate=True)
+
+
 def _pusht_env_cfg(name: str, max_steps: int):
     cfg = validate_config({"env": OmegaConf.load(f"configs/env/{name}.yaml")})
     cfg.env.max_episode_steps = max_steps

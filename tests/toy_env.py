@@ -1,10 +1,13 @@
 """A tiny deterministic env for rollout tests: episodes end at seed-dependent steps.
 
 Observation `agent_pos` = (seed, t). Reward at step t is `seed + t / 100`. The episode terminates at step
-`term_at(seed)` (success) or is truncated by the time limit; with `fail_at` the env raises at that step.
+`term_at(seed)` (success) or is truncated by the time limit; with `fail_at` the env raises at that step,
+with `hang_at` it sleeps for a minute there.
 """
 
 from __future__ import annotations
+
+import time
 
 import gymnasium as gym
 import numpy as np
@@ -21,11 +24,14 @@ class ToyEnv(gym.Env):
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 10}
 
-    def __init__(self, render_mode: str | None = "rgb_array", fail_at: int | None = None):
+    def __init__(
+        self, render_mode: str | None = "rgb_array", fail_at: int | None = None, hang_at: int | None = None
+    ):
         self.observation_space = spaces.Dict({"agent_pos": spaces.Box(-1e6, 1e6, (2,), np.float64)})
         self.action_space = spaces.Box(-1e6, 1e6, (2,), np.float32)
         self.render_mode = render_mode
         self.fail_at = fail_at
+        self.hang_at = hang_at
         self.seed_value = 0
         self.t = 0
 
@@ -42,6 +48,8 @@ class ToyEnv(gym.Env):
         self.t += 1
         if self.fail_at is not None and self.t >= self.fail_at:
             raise RuntimeError(f"toy env failure at step {self.t}")
+        if self.hang_at is not None and self.t >= self.hang_at:
+            time.sleep(60)
         # The action must echo the observation's seed: a stale queued action from another episode shows up.
         self.last_action_seed = float(np.asarray(action)[0])
         reward = (
@@ -56,6 +64,8 @@ class ToyEnv(gym.Env):
         return frame
 
 
-def make_toy(max_episode_steps: int = 12, fail_at: int | None = None) -> gym.Env:
+def make_toy(max_episode_steps: int = 12, fail_at: int | None = None, hang_at: int | None = None) -> gym.Env:
     """A time-limited ToyEnv (truncation after `max_episode_steps`)."""
-    return gym.wrappers.TimeLimit(ToyEnv(fail_at=fail_at), max_episode_steps=max_episode_steps)
+    return gym.wrappers.TimeLimit(
+        ToyEnv(fail_at=fail_at, hang_at=hang_at), max_episode_steps=max_episode_steps
+    )

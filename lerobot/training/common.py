@@ -117,6 +117,7 @@ def evaluate(cfg: DictConfig, policy: Policy, out_dir: Path, progress: bool = Fa
             max_episodes_rendered=cfg.eval.max_episodes_rendered,
             videos_dir=Path(out_dir) / "videos",
             progress=progress,
+            step_timeout_s=cfg.eval.step_timeout_s,
         )
     finally:
         env.close()
