@@ -8,6 +8,10 @@ For the paper-size image config (`policy=diffusion env=pusht`, ~263M parameters)
 (speed does not depend on the values): one `predict_action_chunk` at batch 1, 8, 50 with DDIM 10 steps and
 DDPM 100 steps, for fp32 eager (the modules, the default) and each inference option:
 
+- `fp32 eager Conv1d`: the modules with the paper's `nn.Conv1d` / `nn.ConvTranspose1d` layers on the same
+  weights (`use_conv1d_layers`), i.e. fp32 eager before our matmul formulation; `speedup_vs_conv1d`
+  compares every variant with it,
+
 - `bf16 autocast`: the modules under bf16 autocast (`inference_dtype=bfloat16`),
 - `fast fp32` / `fast bf16`: `inference_fast_path=true` (see lerobot/policies/diffusion/inference.py),
 - `fast bf16 compiled`: plus `inference_compile=true` (its first chunk per batch size compiles; that time
@@ -42,21 +46,29 @@ import functools
 import os
 import statistics
 import time
+import types
 from pathlib import Path
 
 import torch
 from common import RESULTS_DIR, load_env, machine_info, print_table, save_results
 from omegaconf import OmegaConf
+from torch import nn
+from torch.nn import functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 from lerobot.cli import CONFIG_DIR
 from lerobot.policies.diffusion.inference import InferencePlan
 from lerobot.policies.diffusion.modeling import DiffusionPolicy
+from lerobot.policies.diffusion.unet import TemporalConv1d, TemporalUpsample1d
 from lerobot.policies.factory import make_policy, make_policy_config
 
 MODELS = {"image": "pusht", "keypoints": "pusht_keypoints"}
+BASELINE = "fp32 eager"
+# The paper's layers: nn.Conv1d / nn.ConvTranspose1d on the same weights, fp32 eager (see `use_conv1d_layers`).
+CONV1D = "fp32 eager Conv1d"
 VARIANTS = {
     "fp32 eager": {},
+    CONV1D: {},
     "bf16 autocast": {"inference_dtype": "bfloat16"},
     "fast fp32": {"inference_fast_path": True},
     "fast bf16": {"inference_fast_path": True, "inference_dtype": "bfloat16"},
@@ -66,7 +78,23 @@ VARIANTS = {
         "inference_compile": True,
     },
 }
-BASELINE = "fp32 eager"
+
+
+def use_conv1d_layers(policy: DiffusionPolicy) -> DiffusionPolicy:
+    """Run this policy's U-Net convolutions as `F.conv1d` / `F.conv_transpose1d` (the paper's formulation,
+    what a peer implementation runs) instead of our matmul formulation, same weights and outputs (to fp32
+    rounding). Benchmark only: it rebinds `forward` of this policy's layer instances, no other policy's."""
+
+    def conv1d(self: TemporalConv1d, x: torch.Tensor) -> torch.Tensor:
+        weight = self.weight.view(self.out_features, self.in_channels, self.kernel_size)  # columns (c k)
+        return F.conv1d(x, weight, self.bias, self.stride, self.padding)
+
+    for module in policy.unet.modules():
+        if isinstance(module, TemporalConv1d):
+            module.forward = types.MethodType(conv1d, module)
+        elif isinstance(module, TemporalUpsample1d):
+            module.forward = types.MethodType(nn.ConvTranspose1d.forward, module)
+    return policy
 
 
 # ----------------------------------------------------------------------------------------------- setup
@@ -92,7 +120,7 @@ def build_policies(env_name: str, variants: list[str]) -> dict[str, DiffusionPol
         policy = make_policy(policy_cfg, synthetic_stats(policy_cfg))
         if policies:
             policy.load_state_dict(next(iter(policies.values())).state_dict(), assign=True)
-        policies[name] = policy.eval()
+        policies[name] = (use_conv1d_layers(policy) if name == CONV1D else policy).eval()
     return policies
 
 
@@ -178,6 +206,7 @@ def time_batch(policies: dict, model: str, batch: int, repeats: int, ddpm_direct
         wall = {n: [] for n in policies}
         cpu = {n: [] for n in policies}
         ratios = {n: [] for n in policies}
+        conv1d_ratios = {n: [] for n in policies}
         actions = {}
         for r in range(repeats):
             this_round = {}
@@ -195,6 +224,8 @@ def time_batch(policies: dict, model: str, batch: int, repeats: int, ddpm_direct
                 this_round[name] = ms
             for name in policies:
                 ratios[name].append(this_round[BASELINE] / this_round[name])
+                if CONV1D in this_round:
+                    conv1d_ratios[name].append(this_round[CONV1D] / this_round[name])
         n_steps = 100 if schedule == "DDPM100" else 10
         flops = fixed_flops + n_steps * step_flops
         unet_params = sum(p.numel() for p in policies[BASELINE].unet.parameters())
@@ -219,6 +250,9 @@ def time_batch(policies: dict, model: str, batch: int, repeats: int, ddpm_direct
                     "ms_runs": wall[name],
                     "cpu_ms_per_chunk": statistics.median(cpu[name]),
                     "speedup": statistics.median(ratios[name]),
+                    "speedup_vs_conv1d": statistics.median(conv1d_ratios[name])
+                    if conv1d_ratios[name]
+                    else None,
                     "extrapolated": len(parts) > 1,
                     "gflop_per_chunk": flops / 1e9,
                     "gflop_per_step": step_flops / 1e9,
@@ -240,6 +274,7 @@ def time_batch(policies: dict, model: str, batch: int, repeats: int, ddpm_direct
                 "variant",
                 "ms_per_chunk",
                 "speedup",
+                "speedup_vs_conv1d",
                 "gflops_per_s",
                 "max_abs_diff",
             ],
@@ -600,6 +635,7 @@ def main(argv: list[str] | None = None) -> None:
             "variant",
             "ms_per_chunk",
             "speedup",
+            "speedup_vs_conv1d",
             "gflops_per_s",
             "pct_of_bf16_peak",
             "pct_of_read_bandwidth",

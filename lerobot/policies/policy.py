@@ -42,6 +42,10 @@ class Policy(nn.Module, abc.ABC):
     can start a new episode in one slot while the others keep their queued actions. When only some envs
     need a new chunk, `predict_action_chunk` gets just their rows, and `self.chunk_env_ids` (LongTensor,
     or None for all envs) says which env slots those rows are, for policies with per-env state.
+
+    Cost per step: popping a queued action runs no tensor op (the bookkeeping is numpy, see `_QueueState`),
+    and between chunks a policy with one observation step does not need its observation at all: a rollout
+    loop asks `wants_observation()` and passes `None` when it is False.
     """
 
     def __init__(self, *, n_obs_steps: int, n_action_steps: int):
