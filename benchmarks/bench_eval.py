@@ -17,7 +17,7 @@ import statistics
 from pathlib import Path
 
 from bench_envs import raw_steps_per_s
-from common import RESULTS_DIR, load_env, print_table, save_results
+from common import RESULTS_DIR, keep_previous_rows, load_env, print_table, save_results
 
 from lerobot.cli import checkpoint_config
 from lerobot.config import env_config
@@ -152,13 +152,10 @@ def main() -> None:
         utilization = utilization_rows(args.checkpoint, n_envs=10, n_episodes=50)
     print()
     print_table(rows, COLUMNS)
-    # Rows of the policies not run this time are kept from the previous results file.
     previous = RESULTS_DIR / "eval.json"
-    if previous.exists():
-        old = json.loads(previous.read_text())
-        ran = {r["policy"] for r in rows}
-        rows = [r for r in old["rows"] if r["policy"] not in ran] + rows
-        utilization = utilization or old.get("utilization", [])
+    if not utilization and previous.exists():
+        utilization = json.loads(previous.read_text()).get("utilization", [])
+    rows = keep_previous_rows("eval", rows, key="policy")
     print(f"wrote {save_results('eval', rows, {'utilization': utilization})}")
 
 

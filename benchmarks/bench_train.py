@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import machine_info, print_table, save_results
+from common import keep_previous_rows, machine_info, print_table, save_results
 from torch.utils.flop_counter import FlopCounterMode
 
 from lerobot.cli import compose_config
@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"\n{name}:")
         runner = tdmpc_row if name == "tdmpc" else diffusion_row
         rows += runner(name, ROWS[name] + extra, args.steps)
-    path = save_results("train", rows, {"args": vars(args)})
+    path = save_results("train", keep_previous_rows("train", rows, key="row"), {"args": vars(args)})
     print("\nsummary:")
     print_table(
         rows,

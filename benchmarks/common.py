@@ -76,6 +76,16 @@ def save_results(name: str, rows: list[dict], extra: dict | None = None) -> Path
     return path
 
 
+def keep_previous_rows(name: str, rows: list[dict], key: str) -> list[dict]:
+    """`rows` plus the rows of `results/<name>.json` whose `key` value this run did not produce (a partial
+    run, e.g. `--rows tdmpc`, updates its rows and keeps the others)."""
+    path = RESULTS_DIR / f"{name}.json"
+    if not path.exists():
+        return rows
+    ran = {r[key] for r in rows}
+    return [r for r in json.loads(path.read_text())["rows"] if r[key] not in ran] + rows
+
+
 def print_table(rows: list[dict], columns: list[str]) -> None:
     """Print rows as an aligned text table."""
     widths = {c: max(len(c), *(len(_fmt(r.get(c))) for r in rows)) for c in columns}

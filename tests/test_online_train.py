@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import torch
@@ -92,6 +93,13 @@ def test_train_resume_and_eval(tmp_path):
     assert eval_main([*argv, "eval.max_episodes_rendered=0"]) == 0
     info = json.loads((out_dir / "eval_info.json").read_text())
     assert len(info["per_episode"]) == 2 and all(ep["n_steps"] == 12 for ep in info["per_episode"])
+
+
+def test_train_with_bf16_autocast(tmp_path):
+    run_dir = tmp_path / "amp"
+    assert train_main([*TINY, "training.steps=30", "training.use_amp=true", f"output_dir={run_dir}"]) == 0
+    losses = [r["loss"] for r in records(run_dir, "train") if "loss" in r]
+    assert losses and all(math.isfinite(v) for v in losses)
 
 
 def test_config_composes_with_paper_defaults():

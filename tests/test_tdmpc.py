@@ -189,6 +189,15 @@ def test_forward_backward_and_gradient_isolation():
     assert not any(v for n, v in grads.items() if not n.startswith("pi_head"))
 
 
+def test_forward_runs_under_bf16_autocast():
+    policy = TDMPCPolicy(tiny_config()).train()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = policy(training_batch())
+    assert torch.isfinite(out["loss"])
+    out["loss"].backward()
+    assert policy.q_scale.dtype == torch.float32 and torch.isfinite(policy.q_scale)
+
+
 def test_a_few_updates_fit_a_batch():
     torch.manual_seed(0)
     policy = TDMPCPolicy(tiny_config()).train()

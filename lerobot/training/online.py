@@ -256,6 +256,8 @@ def train_online(cfg: DictConfig, progress: bool = True) -> Path:
     # Wall time spent collecting and updating (evaluation and checkpoints excluded), over the whole run.
     train_time_s = 0.0 if resume_from is None else float(state.get("train_time_s", 0.0))
     last_eval = -1
+    # bf16 autocast for the updates (planning stays fp32), as the offline trainer does.
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=tcfg.use_amp)
     pbar = tqdm(total=tcfg.steps, initial=transitions, unit="tr", disable=not progress, dynamic_ncols=True)
 
     def checkpoint(step: int) -> Path:
@@ -318,7 +320,8 @@ def train_online(cfg: DictConfig, progress: bool = True) -> Path:
             for _ in range(n_updates):
                 batch = sample_mixed(buffer, offline, policy_cfg.batch_size, horizon, tcfg.offline_ratio)
                 batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-                out = policy.forward(batch)
+                with autocast:
+                    out = policy.forward(batch)
                 loss = out["loss"]
                 if not torch.isfinite(loss):
                     raise TrainingDivergedError(

@@ -179,7 +179,7 @@ class TDMPCPolicy(Policy):
         q_pi = q_pi[subset_pi].min(dim=0).values
         if self.training:
             with torch.no_grad():
-                self.q_scale.lerp_(q_pi.abs().mean(), 1.0 - cfg.q_scale_momentum)
+                self.q_scale.lerp_(q_pi.abs().mean().to(self.q_scale.dtype), 1.0 - cfg.q_scale_momentum)
         scale = self.q_scale.clamp_min(1.0)
         policy_loss = -(rho * (q_pi / scale).mean(dim=0)).sum() / (horizon + 1)
 
