@@ -4,8 +4,8 @@
 
 Rows: (a) the random policy on the keypoints and pixels envs, n_envs 1/4/8/16, sync and async, each with
 the ceiling (`bench_envs.raw_steps_per_s`) measured on the same env, alternating with the evaluation runs; (b) with `--checkpoint`, a Diffusion Policy checkpoint
-with DDPM 100 steps and DDIM 10 steps; (c) slot utilization of the fixed-batch schedule vs refill on the
-same checkpoint. Writes benchmarks/results/eval.json.
+with DDPM 100 steps and DDIM 10 steps; (c) slot utilization and wall time of the fixed-batch, refill and
+aligned-refill schedules on the same checkpoint. Writes benchmarks/results/eval.json.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from lerobot.training.checkpoint import load_policy, resolve_checkpoint_dir
 
 
 def eval_rate(
-    env_cfg, policy, n_envs: int, use_async: bool, n_episodes: int, schedule: str = "refill"
+    env_cfg, policy, n_envs: int, use_async: bool, n_episodes: int, schedule: str = "refill_aligned"
 ) -> dict:
     """One `eval_policy` run; returns its aggregated metrics."""
     env = make_env(env_cfg, n_envs, use_async=use_async, copy=False)
@@ -109,12 +109,12 @@ def diffusion_rows(checkpoint: Path, n_envs_list: list[int], episode_steps: int)
 
 
 def utilization_rows(checkpoint: Path, n_envs: int, n_episodes: int) -> list[dict]:
-    """Fixed batches vs refill with a policy whose episodes end at different steps (successes end early)."""
+    """Fixed batches vs refill vs aligned refill with a policy whose episodes end at different steps."""
     ckpt = resolve_checkpoint_dir(checkpoint)
     cfg = checkpoint_config(ckpt, ["policy.inference_scheduler=DDIM", "policy.num_inference_steps=10"])
     policy, _ = load_policy(ckpt, cfg=cfg)
     rows = []
-    for schedule in ("batch", "refill"):
+    for schedule in ("batch", "refill", "refill_aligned"):
         agg = eval_rate(env_config(cfg), policy, n_envs, False, n_episodes, schedule)
         rows.append(
             {

@@ -14,7 +14,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from lerobot.constants import ACTION_KIND, ENV_STATE, STATE, VISUAL
+from lerobot.constants import ACTION_KIND, ENV_STATE, EVAL_SCHEDULES, STATE, VISUAL
 
 FEATURE_KINDS = (VISUAL, STATE, ENV_STATE, ACTION_KIND)
 
@@ -107,6 +107,8 @@ class EvalConfig:
     freq: int = 10_000
     # Async envs: fail when a step takes longer (seconds). None waits; a dead worker fails at once anyway.
     step_timeout_s: float | None = None
+    # refill | refill_aligned | batch: when a slot whose episode ended starts the next one (lerobot.rollout).
+    schedule: str = "refill_aligned"
 
 
 @dataclass
@@ -162,6 +164,10 @@ def validate_config(cfg: DictConfig | dict) -> DictConfig:
     if merged.eval.step_timeout_s is not None and merged.eval.step_timeout_s <= 0:
         raise ConfigError(
             f"eval.step_timeout_s={merged.eval.step_timeout_s} must be a positive number or null"
+        )
+    if merged.eval.schedule not in EVAL_SCHEDULES:
+        raise ConfigError(
+            f"eval.schedule={merged.eval.schedule!r}: expected one of {', '.join(EVAL_SCHEDULES)}"
         )
     if str(merged.eval.use_async_envs).lower() not in ("auto", "true", "false"):
         raise ConfigError(f"eval.use_async_envs={merged.eval.use_async_envs!r}: expected auto, true or false")

@@ -27,5 +27,8 @@ STATE = "state"
 ENV_STATE = "env_state"
 ACTION_KIND = "action"
 
+# How `eval_policy` starts the next episode in a slot whose episode ended (see lerobot/rollout.py).
+EVAL_SCHEDULES = ("refill", "refill_aligned", "batch")
+
 # Environment variable that points at the directory holding `pusht_cchi_v7_replay.zarr` (or the zip).
 DATA_ROOT_ENV = "LEROBOT_DATA_ROOT"

@@ -70,7 +70,7 @@ def strip(per_episode: list[dict]) -> list[dict]:
 
 @pytest.mark.parametrize("use_async", [False, True])
 @pytest.mark.parametrize("num_envs", [1, 3, 4])
-@pytest.mark.parametrize("schedule", ["refill", "batch"])
+@pytest.mark.parametrize("schedule", ["refill", "refill_aligned", "batch"])
 def test_toy_env_matches_single_env_reference(num_envs, use_async, schedule):
     n_episodes, start_seed = 7, 10
     want = reference(make_toy, EchoSeedPolicy(), n_episodes, start_seed)
@@ -94,11 +94,12 @@ def test_toy_env_matches_single_env_reference(num_envs, use_async, schedule):
     assert all(e["max_reward"] > 0 for e in got["per_episode"])
 
 
+@pytest.mark.parametrize("schedule", ["refill", "refill_aligned"])
 @pytest.mark.parametrize("mode", list(AutoresetMode))
-def test_every_autoreset_mode_counts_exactly(mode):
+def test_every_autoreset_mode_counts_exactly(mode, schedule):
     want = reference(make_toy, EchoSeedPolicy(), 5, 0)
     env = SyncVectorEnv([make_toy] * 2, autoreset_mode=mode)
-    got = eval_policy(env, EchoSeedPolicy(), 5, start_seed=0, progress=False)
+    got = eval_policy(env, EchoSeedPolicy(), 5, start_seed=0, progress=False, schedule=schedule)
     assert strip(got["per_episode"]) == want
 
 
@@ -122,6 +123,35 @@ def test_refill_keeps_slots_busier_than_fixed_batches():
         )
     assert strip(runs["batch"]["per_episode"]) == strip(runs["refill"]["per_episode"])
     assert runs["refill"]["aggregated"]["slot_utilization"] > runs["batch"]["aggregated"]["slot_utilization"]
+
+
+class CountingEchoPolicy(EchoSeedPolicy):
+    """EchoSeedPolicy that records the batch size of every chunk prediction."""
+
+    def __init__(self, n_action_steps: int):
+        super().__init__(n_action_steps)
+        self.chunk_batches: list[int] = []
+
+    def predict_action_chunk(self, batch):
+        self.chunk_batches.append(batch[OBS_STATE].shape[0])
+        return super().predict_action_chunk(batch)
+
+
+def test_aligned_refill_batches_chunk_predictions():
+    """Same episodes as refill, but new episodes join the others' chunk step: fewer, larger predictions."""
+    runs, policies = {}, {}
+    for schedule in ("refill", "refill_aligned"):
+        policies[schedule] = CountingEchoPolicy(n_action_steps=4)
+        env = SyncVectorEnv([functools.partial(make_toy, max_episode_steps=30)] * 4)
+        runs[schedule] = eval_policy(
+            env, policies[schedule], 16, start_seed=1, progress=False, schedule=schedule
+        )
+    assert strip(runs["refill"]["per_episode"]) == strip(runs["refill_aligned"]["per_episode"])
+    refill, aligned = policies["refill"].chunk_batches, policies["refill_aligned"].chunk_batches
+    assert len(aligned) < len(refill) and sum(aligned) / len(aligned) > sum(refill) / len(refill)
+    # The price: a finished slot idles until the others' next chunk step (< n_action_steps steps).
+    utilization = {k: r["aggregated"]["slot_utilization"] for k, r in runs.items()}
+    assert 0.5 < utilization["refill_aligned"] < utilization["refill"]
 
 
 def test_videos_cut_at_episode_end(tmp_path):

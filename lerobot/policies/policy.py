@@ -100,6 +100,11 @@ class Policy(nn.Module, abc.ABC):
         state = self._state
         return self.n_obs_steps > 1 or state.batch_size == 0 or state.step >= state.refill_step
 
+    def steps_until_chunk(self) -> int:
+        """How many `select_action` calls pop queued actions before one predicts a chunk (0: the next one)."""
+        state = self._state
+        return 0 if state.batch_size == 0 else max(state.refill_step - state.step, 0)
+
     def select_action(self, batch: dict[str, Tensor] | None, as_numpy: bool = False) -> Tensor | np.ndarray:
         """Return one action per env (B, action_dim) for the current observations (B, ...).
 

@@ -118,6 +118,7 @@ def evaluate(cfg: DictConfig, policy: Policy, out_dir: Path, progress: bool = Fa
             videos_dir=Path(out_dir) / "videos",
             progress=progress,
             step_timeout_s=cfg.eval.step_timeout_s,
+            schedule=cfg.eval.schedule,
         )
     finally:
         env.close()
