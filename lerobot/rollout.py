@@ -7,9 +7,10 @@ Exactness rules:
 - Episode i is reset with seed `start_seed + i`, whichever slot (env index) runs it, so per-episode results
   do not depend on `num_envs` or on sync vs async.
 - An episode's figures count its steps up to and including its first done (terminated or truncated) step.
-  The moment an episode ends its slot is reset explicitly (`reset_mask`) and the policy's history and
-  action queue for that slot are cleared, so nothing from gymnasium's autoreset and no queued action of
-  an earlier episode reaches a new one. This works for every autoreset mode.
+  The moment an episode ends its slot is reset explicitly (`reset_mask`; with an idle seed while it waits
+  for its next episode), and when its next episode starts the slot is reset with that episode's seed and
+  the policy's history and action queue for that slot are cleared, so nothing from gymnasium's autoreset
+  and no queued action of an earlier episode reaches a new one. This works for every autoreset mode.
 - Scheduling: with `schedule="refill"` a slot starts the next pending episode as soon as its episode
   ends; with `schedule="refill_aligned"` (default) it starts it at the next step where the other slots get
   new action chunks (at most `n_action_steps - 1` idle steps; at once when no other slot is running), so
