@@ -256,7 +256,11 @@ def eval_policy(
             if next_ep == n_episodes and not (slot_ep >= 0).any():
                 break  # every episode has ended: no slot needs a reset
             n_active = int((slot_ep >= 0).sum())
-            if schedule == "refill":
+            # Aligned refill need not wait when no slot runs or the next step is a chunk step anyway.
+            start_now = schedule == "refill" or (
+                schedule == "refill_aligned" and (n_active == 0 or policy.steps_until_chunk() == 0)
+            )
+            if start_now:
                 to_reset = finished
             elif schedule == "batch" and n_active == 0:
                 to_reset = np.arange(num_envs)
