@@ -64,6 +64,17 @@ from lerobot.policies.factory import make_policy, make_policy_config
 
 MODELS = {"image": "pusht", "keypoints": "pusht_keypoints"}
 BASELINE = "fp32 eager"
+# Leading columns of the printed timing tables.
+TIME_COLUMNS = [
+    "model",
+    "batch",
+    "schedule",
+    "variant",
+    "ms_per_chunk",
+    "speedup",
+    "speedup_vs_conv1d",
+    "gflops_per_s",
+]
 # The paper's layers: nn.Conv1d / nn.ConvTranspose1d on the same weights, fp32 eager (see `use_conv1d_layers`).
 CONV1D = "fp32 eager Conv1d"
 VARIANTS = {
@@ -267,17 +278,7 @@ def time_batch(policies: dict, model: str, batch: int, repeats: int, ddpm_direct
             )
         print_table(
             [r for r in rows if r["schedule"] == schedule],
-            [
-                "model",
-                "batch",
-                "schedule",
-                "variant",
-                "ms_per_chunk",
-                "speedup",
-                "speedup_vs_conv1d",
-                "gflops_per_s",
-                "max_abs_diff",
-            ],
+            [*TIME_COLUMNS, "max_abs_diff"],
         )
     return rows
 
@@ -628,20 +629,7 @@ def main(argv: list[str] | None = None) -> None:
     print("\nsummary (speedup = fp32 eager / variant, same rounds):")
     print_table(
         rows,
-        [
-            "model",
-            "batch",
-            "schedule",
-            "variant",
-            "ms_per_chunk",
-            "speedup",
-            "speedup_vs_conv1d",
-            "gflops_per_s",
-            "pct_of_bf16_peak",
-            "pct_of_read_bandwidth",
-            "mean_abs_diff",
-            "extrapolated",
-        ],
+        [*TIME_COLUMNS, "pct_of_bf16_peak", "pct_of_read_bandwidth", "mean_abs_diff", "extrapolated"],
     )
     print(f"wrote {path} and {RESULTS_DIR / (args.name + '.png')}; machine: {machine_info()}")
 

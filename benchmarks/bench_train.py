@@ -61,6 +61,14 @@ def _autocast(dtype: str) -> contextlib.AbstractContextManager:
     return torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype != "fp32")
 
 
+def _forward_backward(policy, optimizer, batch: dict, dtype: str) -> None:
+    """The loss (under autocast for "bf16 autocast") and its gradients, as the trainers compute them."""
+    with _autocast(dtype):
+        loss = policy.forward(batch)["loss"]
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+
+
 def _flops(step_fn) -> float:
     counter = FlopCounterMode(display=False)
     with counter:
@@ -85,24 +93,18 @@ def diffusion_row(name: str, overrides: list[str], steps: int) -> list[dict]:
     )
     batches = cycle_batches(dataset, batch_size=batch_size, seed=0, num_workers=0)
 
-    def forward_backward(batch, dtype):
-        with _autocast(dtype):
-            loss = policy.forward(batch)["loss"]
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-
     def step(dtype: str) -> tuple[float, float]:
         t0 = time.perf_counter()
         batch = next(batches)
         t1 = time.perf_counter()
-        forward_backward(batch, dtype)
+        _forward_backward(policy, optimizer, batch, dtype)
         torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.training.grad_clip_norm)
         optimizer.step()
         scheduler.step()
         ema.step(policy.parameters())
         return t1 - t0, time.perf_counter() - t1
 
-    flops = _flops(lambda: forward_backward(next(batches), "fp32"))
+    flops = _flops(lambda: _forward_backward(policy, optimizer, next(batches), "fp32"))
     return _time_rows(name, n_params, batch_size, flops, step, steps)
 
 
@@ -119,24 +121,18 @@ def tdmpc_row(name: str, overrides: list[str], steps: int) -> list[dict]:
     buffer = load_demonstrations(cfg, env_cfg, list(policy.obs_keys))
     batch_size, horizon = policy_cfg.batch_size, policy_cfg.horizon
 
-    def forward_backward(batch, dtype):
-        with _autocast(dtype):
-            loss = policy.forward(batch)["loss"]
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-
     def step(dtype: str) -> tuple[float, float]:
         t0 = time.perf_counter()
         batch = buffer.sample(batch_size, horizon)
         t1 = time.perf_counter()
-        forward_backward(batch, dtype)
+        _forward_backward(policy, optimizer, batch, dtype)
         torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.training.grad_clip_norm)
         optimizer.step()
         scheduler.step()
         policy.update_target()
         return t1 - t0, time.perf_counter() - t1
 
-    flops = _flops(lambda: forward_backward(buffer.sample(batch_size, horizon), "fp32"))
+    flops = _flops(lambda: _forward_backward(policy, optimizer, buffer.sample(batch_size, horizon), "fp32"))
     return _time_rows(name, n_params, batch_size, flops, step, steps)
 
 

@@ -43,7 +43,6 @@ class RandomPolicy(Policy):
         low, high = _bounds(config)
         self.register_buffer("low", low)
         self.register_buffer("high", high)
-        self._low, self._span = low.numpy(), (high - low).numpy()  # drawn in numpy, on the host
         # numpy's generator: a draw costs a fraction of a seeded torch.rand, and the policy is a speed probe.
         self.rng = np.random.default_rng(config.seed)
 
@@ -56,9 +55,11 @@ class RandomPolicy(Policy):
         """(B, n_action_steps, action_dim) uniform actions."""
         batch_size = next(iter(batch.values())).shape[0]
         shape = (batch_size, self.n_action_steps, self.low.shape[0])
+        # Drawn in numpy on the host (bounds read from the buffers, so a loaded state dict applies).
+        low, high = self.low.cpu().numpy(), self.high.cpu().numpy()
         actions = self.rng.random(shape, dtype=np.float32)
-        actions *= self._span
-        actions += self._low
+        actions *= high - low
+        actions += low
         return torch.from_numpy(actions).to(self.low.device)
 
     def forward(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -102,7 +103,6 @@ class ScriptedPushPolicy(Policy):
         low, high = _bounds(config)
         self.register_buffer("low", low)
         self.register_buffer("high", high)
-        self._low, self._span = low.numpy(), (high - low).numpy()  # drawn in numpy, on the host
         self.register_buffer("goal", torch.tensor(config.goal_xy, dtype=torch.float32))
         self.register_buffer("block_rgb", torch.tensor(config.block_rgb, dtype=torch.float32) / 255.0)
 
