@@ -57,7 +57,7 @@ from torch.nn import functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 from lerobot.cli import CONFIG_DIR
-from lerobot.policies.diffusion.inference import InferencePlan
+from lerobot.policies.diffusion.inference import INT8_MAX_ROWS, InferencePlan, PreparedLinear
 from lerobot.policies.diffusion.modeling import DiffusionPolicy
 from lerobot.policies.diffusion.unet import TemporalConv1d, TemporalUpsample1d
 from lerobot.policies.factory import make_policy, make_policy_config
@@ -83,6 +83,11 @@ VARIANTS = {
     "bf16 autocast": {"inference_dtype": "bfloat16"},
     "fast fp32": {"inference_fast_path": True},
     "fast bf16": {"inference_fast_path": True, "inference_dtype": "bfloat16"},
+    "fast bf16 int8": {
+        "inference_fast_path": True,
+        "inference_dtype": "bfloat16",
+        "inference_int8_weights": True,
+    },
     "fast bf16 compiled": {
         "inference_fast_path": True,
         "inference_dtype": "bfloat16",
@@ -188,6 +193,30 @@ def matmul_peaks(repeats: int = 10, n: int = 2048) -> dict:
     return out
 
 
+def fast_step_weight_bytes(policy: DiffusionPolicy, obs: dict) -> int:
+    """Bytes of weights one fast-path U-Net step reads at this batch: each matmul's bf16/fp32 weight, or its
+    int8 copy (plus scales) where the call has few enough rows to take it (`INT8_MAX_ROWS`)."""
+    plan = policy.inference_plan()
+    total = 0
+
+    def count(layer: PreparedLinear, args: tuple) -> None:
+        nonlocal total
+        if layer.int8_weight is not None and args[0].shape[0] <= INT8_MAX_ROWS:
+            tensors = [layer.int8_weight, layer.int8_scale]
+        else:
+            tensors = [layer.packed if layer.packed is not None else layer.weight]
+        total += sum(t.numel() * t.element_size() for t in tensors)
+
+    layers = [m for m in plan.unet.modules() if isinstance(m, PreparedLinear)]
+    hooks = [layer.register_forward_pre_hook(count) for layer in layers]
+    try:
+        chunk(policy, obs, "DDIM", 1, seed=0)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return total
+
+
 def count_flops(policy: DiffusionPolicy, obs: dict) -> tuple[float, float]:
     """(fixed FLOPs per chunk (encoder, conditioning), FLOPs per denoising step) of the fp32 modules."""
     totals = []
@@ -240,15 +269,19 @@ def time_batch(policies: dict, model: str, batch: int, repeats: int, ddpm_direct
         n_steps = 100 if schedule == "DDPM100" else 10
         flops = fixed_flops + n_steps * step_flops
         unet_params = sum(p.numel() for p in policies[BASELINE].unet.parameters())
-        for name in policies:
-            # Bytes of U-Net weights read per chunk: every step reads all of them (fp32: 4 bytes, bf16: 2);
-            # autocast also reads the fp32 weights once per chunk to cast them.
+        for name, policy in policies.items():
+            # Bytes of U-Net weights read per chunk: every step reads all of them (fp32: 4 bytes, bf16: 2;
+            # the fast path: what its matmuls read, see `fast_step_weight_bytes`); autocast also reads the
+            # fp32 weights once per chunk to cast them.
             bf16 = VARIANTS[name].get("inference_dtype") == "bfloat16"
-            weight_gb = (
-                unet_params
-                * ((2 * n_steps + (4 if "autocast" in name else 0)) if bf16 else 4 * n_steps)
-                / 1e9
-            )
+            if policy.config.inference_fast_path:
+                weight_gb = n_steps * fast_step_weight_bytes(policy, obs) / 1e9
+            else:
+                weight_gb = (
+                    unet_params
+                    * ((2 * n_steps + (4 if "autocast" in name else 0)) if bf16 else 4 * n_steps)
+                    / 1e9
+                )
             ms = statistics.median(wall[name])
             diff = (actions[name] - actions[BASELINE]).abs()
             rows.append(
@@ -376,7 +409,16 @@ PARITY_RUNS = {
         "policy.inference_fast_path=true",
         "policy.inference_dtype=bfloat16",
     ],
+    # int8 weights are read only by matmuls with <= INT8_MAX_ROWS rows: compare it at --eval-batch 1.
+    "fast bf16 int8 DDIM10": [
+        "policy.inference_scheduler=DDIM",
+        "policy.num_inference_steps=10",
+        "policy.inference_fast_path=true",
+        "policy.inference_dtype=bfloat16",
+        "policy.inference_int8_weights=true",
+    ],
 }
+DEFAULT_PARITY_RUNS = ["fp32 DDIM10", "fast bf16 DDIM10", "fp32 DDPM100", "fast bf16 DDPM100"]
 
 
 def _dataset_observations(cfg, policy: DiffusionPolicy, n: int) -> dict | None:
@@ -395,6 +437,11 @@ def _dataset_observations(cfg, policy: DiffusionPolicy, n: int) -> dict | None:
     return {k: items[k] for k in policy.config.input_features}
 
 
+def _schedule(run: str) -> tuple[str, int]:
+    """(scheduler, steps) of a `PARITY_RUNS` name."""
+    return ("DDPM", 100) if run.endswith("DDPM100") else ("DDIM", 10)
+
+
 def _summary(name: str, successes: torch.Tensor, max_rewards: torch.Tensor) -> dict:
     n = successes.numel()
     p = successes.mean().item()
@@ -409,9 +456,16 @@ def _summary(name: str, successes: torch.Tensor, max_rewards: torch.Tensor) -> d
 
 
 def parity(
-    checkpoint: Path, n_episodes: int, batch: int, start_seed: int, repeats: int, noise_seeds: list[int]
+    checkpoint: Path,
+    n_episodes: int,
+    batch: int,
+    start_seed: int,
+    repeats: int,
+    noise_seeds: list[int],
+    runs: list[str],
 ) -> dict:
-    """Success parity on a trained checkpoint and the chunk-time ratio DDPM100 / DDIM10 at the eval batch.
+    """Success parity on a trained checkpoint and the chunk-time ratio DDPM100 / DDIM10 at the eval batch,
+    for the `runs` of `PARITY_RUNS`.
 
     Every run evaluates the same `n_episodes` initial states (env seeds from `start_seed`) once per noise
     seed (`set_seed` before `eval_policy`: the policy's sampling noise); rows per (run, noise seed) and
@@ -428,7 +482,7 @@ def parity(
     ckpt = resolve_checkpoint_dir(checkpoint)
     common = [f"eval.n_episodes={n_episodes}", f"eval.batch_size={batch}", f"eval.start_seed={start_seed}"]
     policies = {
-        name: load_policy(ckpt, cfg=checkpoint_config(ckpt, o + common))[0] for name, o in PARITY_RUNS.items()
+        name: load_policy(ckpt, cfg=checkpoint_config(ckpt, PARITY_RUNS[name] + common))[0] for name in runs
     }
     env_cfg = env_config(checkpoint_config(ckpt, common))
     evals, per_run = [], {name: ([], []) for name in policies}
@@ -458,7 +512,7 @@ def parity(
 
     # Chunk time at the eval batch (and 1, 8), DDPM100 vs DDIM10 and fp32 vs fast, interleaved.
     cfg = checkpoint_config(ckpt, common)
-    obs = _dataset_observations(cfg, policies["fp32 DDIM10"], 256)
+    obs = _dataset_observations(cfg, next(iter(policies.values())), 256)
     if obs is None:
         env = make_env(env_config(cfg), batch, use_async=False)
         raw, _ = env.reset(seed=[start_seed + i for i in range(batch)])
@@ -471,39 +525,48 @@ def parity(
         times = {name: [] for name in policies}
         for r in range(repeats + 1):
             for name, policy in policies.items():
-                sched, steps = ("DDPM", 100) if "DDPM" in name else ("DDIM", 10)
-                ms = chunk(policy, sub, sched, steps, seed=r)[0]
+                ms = chunk(policy, sub, *_schedule(name), seed=r)[0]
                 if r:  # the first round builds plans
                     times[name].append(ms)
         for name in policies:
             timing.append({"batch": b, "run": name, "ms_per_chunk": statistics.median(times[name])})
     for row in timing:
         same = {r["run"]: r["ms_per_chunk"] for r in timing if r["batch"] == row["batch"]}
-        row["ddpm100_over_ddim10"] = (
-            same[row["run"].replace("DDIM10", "DDPM100")] / same[row["run"].replace("DDPM100", "DDIM10")]
+        ddpm, ddim = (
+            same.get(row["run"].replace("DDIM10", "DDPM100")),
+            same.get(row["run"].replace("DDPM100", "DDIM10")),
         )
-        row["fp32_over_this"] = same["fp32 " + row["run"].split(" ")[-1]] / row["ms_per_chunk"]
+        row["ddpm100_over_ddim10"] = ddpm / ddim if ddpm and ddim and ddpm is not ddim else None
+        fp32 = same.get("fp32 " + row["run"].split(" ")[-1])
+        row["fp32_over_this"] = fp32 / row["ms_per_chunk"] if fp32 else None
     print_table(timing, ["batch", "run", "ms_per_chunk", "ddpm100_over_ddim10", "fp32_over_this"])
 
-    # Actions of the fast path vs fp32 on demonstration observations, same noise, in action units.
+    # Actions of every other run vs fp32 with the same schedule, on demonstration observations, same noise,
+    # in action units, in chunks of the eval batch (int8 weights are read at small batches only).
     diffs = []
-    for sched in ("DDIM10", "DDPM100"):
-        ref = policies[f"fp32 {sched}"]
-        fast = policies[f"fast bf16 {sched}"]
-        s, k = ("DDPM", 100) if sched == "DDPM100" else ("DDIM", 10)
-        a = chunk(ref, obs, s, k, seed=7)[2]
-        b = chunk(fast, obs, s, k, seed=7)[2]
+    for name, policy in policies.items():
+        ref = policies.get("fp32 " + name.split(" ")[-1])
+        if ref is None or ref is policy:
+            continue
+        parts = [
+            {k: v[i : i + batch] for k, v in obs.items()} for i in range(0, len(obs[next(iter(obs))]), batch)
+        ]
+        a = torch.cat([chunk(ref, part, *_schedule(name), seed=7)[2] for part in parts])
+        b = torch.cat([chunk(policy, part, *_schedule(name), seed=7)[2] for part in parts])
         d = (a - b).abs()
         diffs.append(
             {
-                "schedule": sched,
+                "run": name,
+                "chunk_batch": batch,
                 "n_observations": a.shape[0],
                 "max_abs_diff": d.max().item(),
                 "mean_abs_diff": d.mean().item(),
                 "p99_abs_diff": d.flatten().quantile(0.99).item(),
             }
         )
-    print_table(diffs, ["schedule", "n_observations", "max_abs_diff", "mean_abs_diff", "p99_abs_diff"])
+    print_table(
+        diffs, ["run", "chunk_batch", "n_observations", "max_abs_diff", "mean_abs_diff", "p99_abs_diff"]
+    )
     return {
         "checkpoint": str(ckpt),
         "evals": evals,
@@ -558,6 +621,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 50])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        default=list(VARIANTS),
+        choices=list(VARIANTS),
+        help=f"variants to time (always with {BASELINE!r}, the baseline of every ratio)",
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument(
         "--compile-models",
@@ -571,9 +641,10 @@ def main(argv: list[str] | None = None) -> None:
         "--parity",
         type=Path,
         metavar="CHECKPOINT",
-        help="instead: success parity of a trained checkpoint (fp32 vs fast bf16, DDIM10 vs DDPM100), "
-        "written to results/inference_parity.json",
+        help="instead: success parity of a trained checkpoint (--parity-runs, default fp32 vs fast bf16, "
+        "DDIM10 vs DDPM100), written to results/<name>_parity.json",
     )
+    parser.add_argument("--parity-runs", nargs="+", default=DEFAULT_PARITY_RUNS, choices=list(PARITY_RUNS))
     parser.add_argument("--episodes", type=int, default=50)
     parser.add_argument("--eval-batch", type=int, default=50)
     parser.add_argument("--start-seed", type=int, default=100000)
@@ -582,10 +653,16 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     if args.parity is not None:
         result = parity(
-            args.parity, args.episodes, args.eval_batch, args.start_seed, args.repeats, args.noise_seeds
+            args.parity,
+            args.episodes,
+            args.eval_batch,
+            args.start_seed,
+            args.repeats,
+            args.noise_seeds,
+            args.parity_runs,
         )
         path = save_results(
-            "inference_parity", result.pop("evals"), {**result, "args": _jsonable(vars(args))}
+            f"{args.name}_parity", result.pop("evals"), {**result, "args": _jsonable(vars(args))}
         )
         print(f"wrote {path}")
         return
@@ -599,7 +676,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     rows, ablation, profile = [], [], []
     for model in args.models:
-        variants = [v for v in VARIANTS if model in args.compile_models or "compiled" not in v]
+        variants = [
+            v
+            for v in VARIANTS
+            if (v == BASELINE or v in args.variants) and (model in args.compile_models or "compiled" not in v)
+        ]
         policies = build_policies(MODELS[model], variants)
         n_params = sum(p.numel() for p in policies[BASELINE].parameters())
         print(f"\n{model}: {n_params / 1e6:.1f}M parameters, load average {os.getloadavg()[0]:.1f}")

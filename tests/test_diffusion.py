@@ -507,6 +507,63 @@ def test_fast_path_bf16_stays_close_to_fp32():
     assert error < 4.0 and error < 2 * autocast_error + 0.5, (error, autocast_error)
 
 
+def test_int8_quantization_error_is_bounded():
+    from lerobot.policies.diffusion.inference import quantize_int8
+
+    torch.manual_seed(0)
+    weight = torch.randn(6, 32)
+    weight[1, 3] = 40.0  # an outlier only coarsens its own row's scale
+    weight[4] = 0.0
+    quantized, scale = quantize_int8(weight)
+    assert quantized.dtype == torch.int8 and quantized.abs().max() <= 127 and scale.shape == (6,)
+    error = (quantized.float() * scale[:, None] - weight).abs()
+    assert torch.all(error <= scale[:, None] / 2 + 1e-7)
+    assert torch.all(quantized[4] == 0)
+    assert scale[1] > 10 * scale[0]
+
+
+def test_int8_weights_are_read_by_matmuls_with_few_rows_only():
+    from lerobot.policies.diffusion.inference import INT8_MAX_ROWS, PreparedLinear, quantize_int8
+
+    torch.manual_seed(0)
+    weight, bias = torch.randn(24, 48), torch.randn(24)
+    bf16 = PreparedLinear(weight, bias, torch.bfloat16)
+    int8 = PreparedLinear(weight, bias, torch.bfloat16, int8=True)
+    quantized, scale = quantize_int8(weight)
+    dequantized = quantized.float() * scale.bfloat16().float()[:, None]
+    few = torch.randn(INT8_MAX_ROWS, 48).bfloat16()
+    torch.testing.assert_close(
+        int8(few).float(), few.float() @ dequantized.T + bias.bfloat16().float(), atol=0.05, rtol=0.02
+    )
+    assert not torch.equal(int8(few), bf16(few))
+    many = torch.randn(INT8_MAX_ROWS + 1, 48).bfloat16()
+    assert torch.equal(int8(many), bf16(many))
+    # The int8 kernel needs K % 16 == 0 (it crashes otherwise): such layers keep bf16 only.
+    assert PreparedLinear(torch.randn(8, 10), None, torch.bfloat16, int8=True).int8_weight is None
+
+
+def test_fast_path_int8_weights_stay_close_to_fp32():
+    """At batch 1 the deepest level's matmuls (4 rows) read int8 weights; at batch 2 none does."""
+    config = keypoint_config(down_dims=[32, 64], horizon=8, inference_scheduler="DDIM", num_inference_steps=5)
+    policy = _perturbed(DiffusionPolicy(config, stats_for(config)))
+
+    def chunks(**options) -> list[Tensor]:
+        for key, value in options.items():
+            setattr(policy.config, key, value)
+        return [
+            policy.predict_action_chunk(obs_batch(config, b), generator=torch.Generator().manual_seed(0))
+            for b in (1, 2)
+        ]
+
+    fp32 = chunks()
+    bf16 = chunks(inference_fast_path=True, inference_dtype="bfloat16")
+    int8 = chunks(inference_int8_weights=True)
+    assert not torch.equal(int8[0], bf16[0]) and torch.equal(int8[1], bf16[1])
+    # int8 per-channel weights carry ~2-3x bf16's rounding error on the layers that use them.
+    error, bf16_error = (int8[0] - fp32[0]).abs().mean(), (bf16[0] - fp32[0]).abs().mean()
+    assert error < 4.0 and error < 3 * bf16_error + 0.5, (error, bf16_error)
+
+
 def test_plan_layers_equal_their_modules():
     from lerobot.policies.diffusion.inference import _TimeConv, _Upsample
 
@@ -591,6 +648,11 @@ def test_inference_options_leave_the_state_dict_alone():
         (dict(inference_dtype="float16"), "inference_dtype='float16'"),
         (dict(inference_compile=True), "set policy.inference_fast_path=true"),
         (dict(inference_autocast=True, inference_fast_path=True), "use policy.inference_dtype=bfloat16"),
+        (dict(inference_int8_weights=True), "applies to the eager bf16 fast path"),
+        (
+            dict(inference_int8_weights=True, inference_fast_path=True, inference_dtype="float32"),
+            "policy.inference_dtype=bfloat16",
+        ),
     ],
 )
 def test_inference_config_errors(overrides, message):

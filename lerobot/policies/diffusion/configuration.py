@@ -86,6 +86,10 @@ class DiffusionConfig(PolicyConfig):
     inference_fast_path: bool = False
     # torch.compile the U-Net step of the fast path (inductor; the first chunk at each batch size compiles).
     inference_compile: bool = False
+    # Fast path in bf16 on CPU: also keep the U-Net weights in int8 (one scale per output channel) and read
+    # them in the matmuls with at most 4 rows (batch 1's deepest levels), which are bound by weight bytes.
+    # Changes actions slightly more than bf16 alone (docs/benchmarks.md); keeps a second, int8 weight copy.
+    inference_int8_weights: bool = False
     # Older spelling of `inference_dtype: bfloat16` (bf16 autocast over the training modules); kept so that
     # existing configs and checkpoints load.
     inference_autocast: bool = False
@@ -210,6 +214,13 @@ class DiffusionConfig(PolicyConfig):
         if self.inference_compile and not self.inference_fast_path:
             raise ConfigError(
                 "policy.inference_compile=true compiles the fast path: set policy.inference_fast_path=true"
+            )
+        if self.inference_int8_weights and (
+            not self.inference_fast_path or self.inference_dtype != "bfloat16" or self.inference_compile
+        ):
+            raise ConfigError(
+                "policy.inference_int8_weights=true applies to the eager bf16 fast path: set "
+                "policy.inference_fast_path=true policy.inference_dtype=bfloat16 policy.inference_compile=false"
             )
         if self.inference_autocast and self.inference_fast_path:
             raise ConfigError(

@@ -21,6 +21,9 @@ few cores (it works on CUDA too):
   steps in one matmul, and cached); a denoising step only adds the two rows.
 - **Image encoder**: a copy of the ResNet backbone in the inference dtype with channels-last activations;
   the spatial softmax and the final linear layer run in fp32.
+- **Optional int8 weights** (`int8_weights=True`, bf16 on CPU): every U-Net matmul also keeps its weight as
+  int8 with one bf16 scale per output channel, and a call with at most `INT8_MAX_ROWS` rows (the deepest
+  levels at batch 1) reads those instead: half the bytes of a pass that is bound by reading them.
 
 The sampler's arithmetic (the noisy sample, the scheduler step) stays fp32 in the policy; the plan takes and
 returns fp32.
@@ -44,6 +47,11 @@ from lerobot.policies.diffusion.unet import (
 from lerobot.policies.diffusion.vision import RgbEncoder, center_crop
 
 INFERENCE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+# Rows up to which an int8 weight beats the prepacked bf16 one (`aten._weight_int8pack_mm`, whose time
+# grows with the rows, against oneDNN's AMX kernel, bound by the weight bytes). Streaming 16 distinct
+# 2048x10240 layers, ms per layer bf16 / int8: 4 rows 2.3-2.7 / 1.5, 8 rows 2.5-3.0 / 2.6, 16 rows 2.7-3.3
+# / 4.8 (docs/benchmarks.md).
+INT8_MAX_ROWS = 4
 
 
 def _onednn_linear_available(device: torch.device) -> bool:
@@ -54,14 +62,43 @@ def _onednn_linear_available(device: torch.device) -> bool:
     )
 
 
+def quantize_int8(weight: Tensor) -> tuple[Tensor, Tensor]:
+    """Symmetric per-output-channel int8: `weight` (N, K) -> (int8 (N, K), scale (N,) fp32), such that
+    `weight ~= int8 * scale[:, None]` with an error of at most `scale / 2` per element."""
+    weight = weight.detach().float()
+    scale = weight.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny) / 127
+    return (weight / scale[:, None]).round().clamp(-127, 127).to(torch.int8).contiguous(), scale
+
+
+def _int8_matmul_supported(weight: Tensor, dtype: torch.dtype) -> bool:
+    # `_weight_int8pack_mm` reads K in blocks of 16 and crashes the process (not an error) otherwise.
+    return weight.device.type == "cpu" and dtype == torch.bfloat16 and weight.shape[1] % 16 == 0
+
+
 class PreparedLinear(nn.Module):
     """`y = x @ W.T + b` for 2-D `x`, with `W` cast to `dtype` once and, on CPU with oneDNN, reordered once
     into oneDNN's blocked layout (otherwise every call reorders it again: at batch 1 that costs as much as
     the matmul). Unpacked weights are frozen parameters, which `torch.compile(..., freezing)` folds and
-    prepacks itself."""
+    prepacks itself.
 
-    def __init__(self, weight: Tensor, bias: Tensor | None, dtype: torch.dtype, prepack: bool = True):
+    With `int8=True` (bf16 on CPU) it also keeps `quantize_int8(W)`, read instead of `W` by calls with at
+    most `INT8_MAX_ROWS` rows, where the matmul is bound by the bytes of the weight."""
+
+    def __init__(
+        self,
+        weight: Tensor,
+        bias: Tensor | None,
+        dtype: torch.dtype,
+        prepack: bool = True,
+        int8: bool = False,
+    ):
         super().__init__()
+        self.int8_weight: Tensor | None = None
+        self.int8_scale: Tensor | None = None
+        if int8 and _int8_matmul_supported(weight, dtype):
+            quantized, scale = quantize_int8(weight)
+            self.int8_weight = nn.Parameter(quantized, requires_grad=False)
+            self.int8_scale = nn.Parameter(scale.to(dtype), requires_grad=False)
         weight = weight.detach().to(dtype).contiguous()
         self.bias = nn.Parameter(bias.detach().to(dtype), requires_grad=False) if bias is not None else None
         self.packed: Tensor | None = None
@@ -76,6 +113,9 @@ class PreparedLinear(nn.Module):
         self.weight = nn.Parameter(weight, requires_grad=False) if self.packed is None else None
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.int8_weight is not None and x.shape[0] <= INT8_MAX_ROWS:
+            out = torch._weight_int8pack_mm(x.contiguous(), self.int8_weight, self.int8_scale)
+            return out if self.bias is None else out + self.bias
         if self.packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
@@ -84,12 +124,12 @@ class PreparedLinear(nn.Module):
 class _TimeConv(nn.Module):
     """A `TemporalConv1d` on time-major `(B, T, C_in)` -> `(B, T_out, C_out)`."""
 
-    def __init__(self, conv: TemporalConv1d, dtype: torch.dtype, prepack: bool):
+    def __init__(self, conv: TemporalConv1d, dtype: torch.dtype, prepack: bool, int8: bool = False):
         super().__init__()
         k, c_in = conv.kernel_size, conv.in_channels
         # The module's weight columns are ordered (c, k); windows of time-major rows are ordered (k, c).
         weight = einops.rearrange(conv.weight, "o (c k) -> o (k c)", c=c_in, k=k)
-        self.linear = PreparedLinear(weight, conv.bias, dtype, prepack)
+        self.linear = PreparedLinear(weight, conv.bias, dtype, prepack, int8)
         self.kernel_size, self.stride, self.padding = k, conv.stride, conv.padding
 
     def forward(self, x: Tensor) -> Tensor:
@@ -111,7 +151,7 @@ class _Upsample(nn.Module):
     one matmul gives every input step's product with the 4 taps, `unet.interleave_upsample_taps` sums them
     into the output steps."""
 
-    def __init__(self, conv: nn.ConvTranspose1d, dtype: torch.dtype, prepack: bool):
+    def __init__(self, conv: nn.ConvTranspose1d, dtype: torch.dtype, prepack: bool, int8: bool = False):
         super().__init__()
         if (
             conv.kernel_size != (4,)
@@ -124,7 +164,7 @@ class _Upsample(nn.Module):
             raise ValueError(
                 f"only ConvTranspose1d(kernel_size=4, stride=2, padding=1) is supported, got {conv}"
             )
-        self.linear = PreparedLinear(conv.weight.view(conv.in_channels, -1).T, None, dtype, prepack)
+        self.linear = PreparedLinear(conv.weight.view(conv.in_channels, -1).T, None, dtype, prepack, int8)
         bias = conv.bias.detach().to(dtype) if conv.bias is not None else None
         self.bias = nn.Parameter(bias, requires_grad=False) if bias is not None else None
         self.out_channels = conv.out_channels
@@ -144,10 +184,10 @@ def _group_norm(x: Tensor, norm: nn.GroupNorm) -> Tensor:
 
 
 class _ConvNormMish(nn.Module):
-    def __init__(self, module: nn.Sequential, dtype: torch.dtype, prepack: bool):
+    def __init__(self, module: nn.Sequential, dtype: torch.dtype, prepack: bool, int8: bool = False):
         super().__init__()
         conv, norm, _ = module
-        self.conv = _TimeConv(conv, dtype, prepack)
+        self.conv = _TimeConv(conv, dtype, prepack, int8)
         self.norm = nn.GroupNorm(norm.num_groups, norm.num_channels, norm.eps).requires_grad_(False)
         self.norm.load_state_dict(norm.state_dict())  # fp32 affine parameters (GroupNorm mixes dtypes)
 
@@ -158,11 +198,12 @@ class _ConvNormMish(nn.Module):
 class _Block(nn.Module):
     """A `FiLMResidualBlock` on time-major input; its FiLM terms come precomputed (see `UnetPlan`)."""
 
-    def __init__(self, block: FiLMResidualBlock, dtype: torch.dtype, prepack: bool):
+    def __init__(self, block: FiLMResidualBlock, dtype: torch.dtype, prepack: bool, int8: bool = False):
         super().__init__()
-        self.conv1 = _ConvNormMish(block.conv1, dtype, prepack)
-        self.conv2 = _ConvNormMish(block.conv2, dtype, prepack)
-        self.skip = None if isinstance(block.skip, nn.Identity) else _TimeConv(block.skip, dtype, prepack)
+        self.conv1 = _ConvNormMish(block.conv1, dtype, prepack, int8)
+        self.conv2 = _ConvNormMish(block.conv2, dtype, prepack, int8)
+        skip = block.skip
+        self.skip = None if isinstance(skip, nn.Identity) else _TimeConv(skip, dtype, prepack, int8)
         self.use_scale = block.use_scale
         self.channels = block.out_channels
         self.film_size = self.channels * (2 if self.use_scale else 1)
@@ -186,27 +227,30 @@ class UnetPlan(nn.Module):
     compiles). It holds its own copies of the weights; the source U-Net is not referenced afterwards.
     """
 
-    def __init__(self, unet: ConditionalUnet1D, dtype: torch.dtype, prepack: bool = True):
+    def __init__(
+        self, unet: ConditionalUnet1D, dtype: torch.dtype, prepack: bool = True, int8_weights: bool = False
+    ):
         super().__init__()
         self.dtype = dtype
         self.step_encoder = copy.deepcopy(unet.step_encoder).requires_grad_(False)  # fp32, once per set
-        make = lambda b: _Block(b, dtype, prepack)  # noqa: E731
+        args = (dtype, prepack, int8_weights)
         self.down = nn.ModuleList(
             nn.ModuleList(
                 [
-                    make(r1),
-                    make(r2),
-                    nn.Identity() if isinstance(d, nn.Identity) else _TimeConv(d, dtype, prepack),
+                    _Block(r1, *args),
+                    _Block(r2, *args),
+                    nn.Identity() if isinstance(d, nn.Identity) else _TimeConv(d, *args),
                 ]
             )
             for r1, r2, d in unet.down
         )
-        self.mid = nn.ModuleList(make(b) for b in unet.mid)
+        self.mid = nn.ModuleList(_Block(b, *args) for b in unet.mid)
         self.up = nn.ModuleList(
-            nn.ModuleList([make(r1), make(r2), _Upsample(u, dtype, prepack)]) for r1, r2, u in unet.up
+            nn.ModuleList([_Block(r1, *args), _Block(r2, *args), _Upsample(u, *args)])
+            for r1, r2, u in unet.up
         )
-        self.final_conv = _ConvNormMish(unet.final[0], dtype, prepack)
-        self.final_proj = _TimeConv(unet.final[1], dtype, prepack)
+        self.final_conv = _ConvNormMish(unet.final[0], *args)
+        self.final_proj = _TimeConv(unet.final[1], *args)
 
         # FiLM of every block in execution order, as one linear map of Mish([step_emb, global_cond]).
         blocks = [*(m for r1, r2, _ in unet.down for m in (r1, r2)), *unet.mid]
@@ -214,15 +258,18 @@ class UnetPlan(nn.Module):
         self.film_sizes = [b.film[1].out_features for b in blocks]
         film_weight = torch.cat([b.film[1].weight for b in blocks]).detach().float()
         embed_dim = unet.step_encoder[-1].out_features
-        self.register_buffer("film_bias", torch.cat([b.film[1].bias for b in blocks]).detach().float())
         self.register_buffer("film_step_weight", film_weight[:, :embed_dim].contiguous())
-        self.register_buffer("film_global_weight", film_weight[:, embed_dim:].contiguous())
+        # The global part reads (F, G) weights once per chunk (118 MB in fp32 for the image policy, the
+        # size of 5% of a U-Net step): prepared like the U-Net's matmuls.
+        film_bias = torch.cat([b.film[1].bias for b in blocks])
+        self.film_global = PreparedLinear(film_weight[:, embed_dim:], film_bias, *args)
         self._step_film: dict[tuple[int, ...], Tensor] = {}
         self.compiled = None  # set by InferencePlan(compile=True); not a submodule
 
     @torch.no_grad()
     def condition(self, global_cond: Tensor, timesteps: Tensor) -> tuple[Tensor, Tensor]:
-        """FiLM terms of all blocks, once per chunk: `(global part (B, F), step part (S, F))`, fp32.
+        """FiLM terms of all blocks, once per chunk: `(global part (B, F), step part (S, F))`, fp32 (the
+        global part computed in the plan's dtype).
 
         `global_cond` (B, G); `timesteps` (S,) the scheduler's timesteps. The step part depends on the
         timesteps only and is cached across chunks. The FiLM input of the i-th step is their row sum."""
@@ -232,7 +279,7 @@ class UnetPlan(nn.Module):
             embedding = self.step_encoder(timesteps.to(global_cond.device))  # (S, E)
             step_part = F.linear(F.mish(embedding.float()), self.film_step_weight)  # (S, F)
             self._step_film[key] = step_part
-        global_part = F.linear(F.mish(global_cond.float()), self.film_global_weight, self.film_bias)
+        global_part = self.film_global(F.mish(global_cond.float()).to(self.dtype)).float()
         return global_part, step_part
 
     @torch.no_grad()
@@ -290,12 +337,13 @@ class InferencePlan:
         dtype: torch.dtype,
         compile: bool = False,
         prepack: bool | None = None,
+        int8_weights: bool = False,
     ):
         self.dtype = dtype
         # Compiled, inductor's freezing folds the plain frozen weights and prepacks them itself.
         prepack = not compile if prepack is None else prepack
         with torch.no_grad():
-            self.unet = UnetPlan(unet, dtype, prepack).eval()
+            self.unet = UnetPlan(unet, dtype, prepack, int8_weights).eval()
             self.encoder = EncoderPlan(encoder, dtype) if encoder is not None else None
         if compile:
             # Through __dict__: as a registered submodule, the compiled wrapper would contain its own owner.

@@ -223,14 +223,21 @@ class DiffusionPolicy(Policy):
         (as EMA helpers do when swapping weights) are not seen: call `clear_inference_plan()` (or `eval()`)
         after them; evaluation loops call `eval()` first anyway.
         """
-        key = (self.config.inference_dtype, self.config.inference_compile, self._weights_fingerprint())
+        cfg = self.config
+        key = (
+            cfg.inference_dtype,
+            cfg.inference_compile,
+            cfg.inference_int8_weights,
+            self._weights_fingerprint(),
+        )
         if self._plan is None or self._plan_key != key:
             self._plan = None  # free the old plan's weights before building the new one
             self._plan = InferencePlan(
                 self.unet,
                 self.rgb_encoder if self.image_keys else None,
-                INFERENCE_DTYPES[self.config.inference_dtype],
-                compile=self.config.inference_compile,
+                INFERENCE_DTYPES[cfg.inference_dtype],
+                compile=cfg.inference_compile,
+                int8_weights=cfg.inference_int8_weights,
             )
             self._plan_key = key
         return self._plan
