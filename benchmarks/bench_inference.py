@@ -1,7 +1,7 @@
 """Diffusion Policy chunk generation: ms per chunk, FLOPs, achieved GFLOP/s against this CPU's matmul peaks.
 
     cd benchmarks && python bench_inference.py [--batch-sizes 1 8 50] [--repeats 3] [--models image keypoints]
-                                               [--compile-models image] [--threads 2]
+                                               [--compile-models image] [--threads 2] [--variants ...]
 
 For the paper-size image config (`policy=diffusion env=pusht`, ~263M parameters) and the keypoints config
 (`env=pusht_keypoints`, ~64M), with freshly initialized weights and synthetic normalization statistics
@@ -14,6 +14,7 @@ DDPM 100 steps, for fp32 eager (the modules, the default) and each inference opt
 
 - `bf16 autocast`: the modules under bf16 autocast (`inference_dtype=bfloat16`),
 - `fast fp32` / `fast bf16`: `inference_fast_path=true` (see lerobot/policies/diffusion/inference.py),
+- `fast bf16 int8`: plus `inference_int8_weights=true` (int8 weights where a matmul has <= 4 rows),
 - `fast bf16 compiled`: plus `inference_compile=true` (its first chunk per batch size compiles; that time
   is reported as `first_chunk_s` and excluded from the medians); for the image model only by default.
 
@@ -30,7 +31,9 @@ and bf16 on the same threads, measured at the start, and the rate of reading 1 G
 `weight_gb_per_s` (U-Net weight bytes a chunk streams, over its time) is compared: at small batches a
 denoising step reads every weight once for little arithmetic, so memory, not the matmul peak, bounds it. Also
 an ablation of one U-Net step (image model) and
-the torch profiler's top operators of the fp32 step. Writes results/inference.json and inference.png.
+the torch profiler's top operators of the fp32 step, and (image model, batch <= 8) a steady-state timing
+with each variant's DDIM10 chunks run back to back (`steady_state`). Writes results/inference.json and
+inference.png.
 """
 
 from __future__ import annotations
@@ -313,6 +316,45 @@ def time_batch(policies: dict, model: str, batch: int, repeats: int, ddpm_direct
             [r for r in rows if r["schedule"] == schedule],
             [*TIME_COLUMNS, "max_abs_diff"],
         )
+    return rows
+
+
+def steady_state(policies: dict, model: str, batch: int, repeats: int, per_block: int = 3) -> list[dict]:
+    """DDIM10 chunks of each variant in blocks of `per_block` back to back, as an evaluation runs one policy
+    chunk after chunk; the block's first chunk is dropped. Interleaving single chunks (`time_batch`) makes
+    every chunk start with caches full of the previous variant's weights; here a variant whose weights fit
+    the 480 MB L3 (bf16 0.5 GB of U-Net weights, with int8 0.3 GB read per step at batch 1) may find them
+    there. Ratios within a round, medians over `repeats` rounds."""
+    obs = observations(next(iter(policies.values())), batch)
+    times = {name: [] for name in policies}
+    ratios = {name: [] for name in policies}
+    conv1d_ratios = {name: [] for name in policies}
+    for r in range(repeats):
+        this_round = {}
+        for name, policy in policies.items():
+            block = [chunk(policy, obs, "DDIM", 10, seed=r)[0] for _ in range(per_block)]
+            this_round[name] = statistics.median(block[1:])
+            times[name].append(this_round[name])
+        for name in policies:
+            ratios[name].append(this_round[BASELINE] / this_round[name])
+            if CONV1D in this_round:
+                conv1d_ratios[name].append(this_round[CONV1D] / this_round[name])
+    rows = [
+        {
+            "model": model,
+            "batch": batch,
+            "schedule": "DDIM10",
+            "variant": name,
+            "ms_per_chunk": statistics.median(times[name]),
+            "speedup": statistics.median(ratios[name]),
+            "speedup_vs_conv1d": statistics.median(conv1d_ratios[name]) if conv1d_ratios[name] else None,
+        }
+        for name in policies
+    ]
+    print(f"steady state (blocks of {per_block} chunks, first dropped):")
+    print_table(
+        rows, ["model", "batch", "schedule", "variant", "ms_per_chunk", "speedup", "speedup_vs_conv1d"]
+    )
     return rows
 
 
@@ -674,7 +716,7 @@ def main(argv: list[str] | None = None) -> None:
         f"2048x2048 matmul on {args.threads} threads: fp32 {peaks['float32_best']:.0f} GFLOP/s, "
         f"bf16 {peaks['bfloat16_best']:.0f} GFLOP/s (best of 10)"
     )
-    rows, ablation, profile = [], [], []
+    rows, ablation, profile, steady = [], [], [], []
     for model in args.models:
         variants = [
             v
@@ -686,6 +728,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"\n{model}: {n_params / 1e6:.1f}M parameters, load average {os.getloadavg()[0]:.1f}")
         for batch in args.batch_sizes:
             rows += time_batch(policies, model, batch, args.repeats, ddpm_direct=model != "image")
+            if model == "image" and batch <= 8:
+                steady += steady_state(policies, model, batch, args.repeats)
         if model == "image":
             ablation = unet_step_ablation(
                 policies[BASELINE], [b for b in args.batch_sizes if b <= 8], args.repeats
@@ -702,6 +746,7 @@ def main(argv: list[str] | None = None) -> None:
         {
             "peaks_gflops": peaks,
             "unet_step_ablation": ablation,
+            "steady_state": steady,
             "fp32_step_profile": profile,
             "args": vars(args),
         },

@@ -258,18 +258,15 @@ class UnetPlan(nn.Module):
         self.film_sizes = [b.film[1].out_features for b in blocks]
         film_weight = torch.cat([b.film[1].weight for b in blocks]).detach().float()
         embed_dim = unet.step_encoder[-1].out_features
+        self.register_buffer("film_bias", torch.cat([b.film[1].bias for b in blocks]).detach().float())
         self.register_buffer("film_step_weight", film_weight[:, :embed_dim].contiguous())
-        # The global part reads (F, G) weights once per chunk (118 MB in fp32 for the image policy, the
-        # size of 5% of a U-Net step): prepared like the U-Net's matmuls.
-        film_bias = torch.cat([b.film[1].bias for b in blocks])
-        self.film_global = PreparedLinear(film_weight[:, embed_dim:], film_bias, *args)
+        self.register_buffer("film_global_weight", film_weight[:, embed_dim:].contiguous())
         self._step_film: dict[tuple[int, ...], Tensor] = {}
         self.compiled = None  # set by InferencePlan(compile=True); not a submodule
 
     @torch.no_grad()
     def condition(self, global_cond: Tensor, timesteps: Tensor) -> tuple[Tensor, Tensor]:
-        """FiLM terms of all blocks, once per chunk: `(global part (B, F), step part (S, F))`, fp32 (the
-        global part computed in the plan's dtype).
+        """FiLM terms of all blocks, once per chunk: `(global part (B, F), step part (S, F))`, fp32.
 
         `global_cond` (B, G); `timesteps` (S,) the scheduler's timesteps. The step part depends on the
         timesteps only and is cached across chunks. The FiLM input of the i-th step is their row sum."""
@@ -279,7 +276,7 @@ class UnetPlan(nn.Module):
             embedding = self.step_encoder(timesteps.to(global_cond.device))  # (S, E)
             step_part = F.linear(F.mish(embedding.float()), self.film_step_weight)  # (S, F)
             self._step_film[key] = step_part
-        global_part = self.film_global(F.mish(global_cond.float()).to(self.dtype)).float()
+        global_part = F.linear(F.mish(global_cond.float()), self.film_global_weight, self.film_bias)
         return global_part, step_part
 
     @torch.no_grad()
