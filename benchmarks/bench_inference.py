@@ -238,6 +238,11 @@ def time_batch(policies: dict, model: str, batch: int, repeats: int, ddpm_direct
     for name, policy in policies.items():  # builds plans, compiles; excluded from the medians
         first[name] = chunk(policy, obs, "DDIM", 2, seed=0)[0] / 1e3
     fixed_flops, step_flops = count_flops(policies[BASELINE], obs)
+    fast_step_bytes = {
+        name: fast_step_weight_bytes(policy, obs)
+        for name, policy in policies.items()
+        if policy.config.inference_fast_path
+    }
 
     # schedule name -> list of (scheduler, steps) chunks timed per round
     plans = {
@@ -272,13 +277,13 @@ def time_batch(policies: dict, model: str, batch: int, repeats: int, ddpm_direct
         n_steps = 100 if schedule == "DDPM100" else 10
         flops = fixed_flops + n_steps * step_flops
         unet_params = sum(p.numel() for p in policies[BASELINE].unet.parameters())
-        for name, policy in policies.items():
+        for name in policies:
             # Bytes of U-Net weights read per chunk: every step reads all of them (fp32: 4 bytes, bf16: 2;
             # the fast path: what its matmuls read, see `fast_step_weight_bytes`); autocast also reads the
             # fp32 weights once per chunk to cast them.
             bf16 = VARIANTS[name].get("inference_dtype") == "bfloat16"
-            if policy.config.inference_fast_path:
-                weight_gb = n_steps * fast_step_weight_bytes(policy, obs) / 1e9
+            if name in fast_step_bytes:
+                weight_gb = n_steps * fast_step_bytes[name] / 1e9
             else:
                 weight_gb = (
                     unet_params
