@@ -326,10 +326,9 @@ def time_batch(policies: dict, model: str, batch: int, repeats: int, ddpm_direct
 
 def steady_state(policies: dict, model: str, batch: int, repeats: int, per_block: int = 3) -> list[dict]:
     """DDIM10 chunks of each variant in blocks of `per_block` back to back, as an evaluation runs one policy
-    chunk after chunk; the block's first chunk is dropped. Interleaving single chunks (`time_batch`) makes
-    every chunk start with caches full of the previous variant's weights; here a variant whose weights fit
-    the 480 MB L3 (bf16 0.5 GB of U-Net weights, with int8 0.3 GB read per step at batch 1) may find them
-    there. Ratios within a round, medians over `repeats` rounds."""
+    chunk after chunk; the block's first chunk is dropped. `time_batch` interleaves single chunks, so every
+    chunk starts with the caches (480 MB of L3 here) full of another variant's weights; this checks whether
+    a variant gains from its own weights staying there. Ratios within a round, medians over `repeats`."""
     obs = observations(next(iter(policies.values())), batch)
     times = {name: [] for name in policies}
     ratios = {name: [] for name in policies}
