@@ -2,19 +2,22 @@
 
     python benchmarks/bench_envs.py [--repeats 3] [--n-envs 1 2 4 8 16]
 
-Writes benchmarks/results/envs.json and prints a table. `raw_steps_per_s` is imported by bench_eval.py,
-which measures the ceiling on the very env it evaluates on, alternating with the evaluation runs.
+Writes benchmarks/results/envs.json and prints a table. bench_eval.py measures the ceiling on the very env
+it evaluates on, alternating with the evaluation runs: `replay_steps_per_s` re-makes the evaluation's own
+resets and steps (`RecordingVectorEnv`), `raw_steps_per_s` steps other random actions.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import functools
 import time
+from typing import Any
 
 import numpy as np
 from common import load_env, median_of, print_table, save_results
-from gymnasium.vector import VectorEnv
+from gymnasium.vector import VectorEnv, VectorWrapper
 
 from lerobot.config import EnvConfig
 from lerobot.envs import make_env
@@ -32,6 +35,42 @@ def raw_steps_per_s(env: VectorEnv, env_steps: int = 1500, seed: int = 0) -> flo
     for action in actions:
         env.step(action)
     return n_vector_steps * env.num_envs / (time.perf_counter() - start)
+
+
+class RecordingVectorEnv(VectorWrapper):
+    """Passes every call through to `env` and records the resets and steps made, for `replay_steps_per_s`."""
+
+    def __init__(self, env: VectorEnv):
+        super().__init__(env)
+        self.calls: list[tuple[str, Any, Any]] = []  # ("reset", seed, options) or ("step", actions, None)
+
+    def reset(self, *, seed=None, options=None):
+        """Record, then reset the wrapped env."""
+        self.calls.append(("reset", copy.deepcopy(seed), copy.deepcopy(options)))
+        return self.env.reset(seed=seed, options=options)
+
+    def step(self, actions):
+        """Record a copy of the actions, then step the wrapped env."""
+        self.calls.append(("step", np.array(actions), None))
+        return self.env.step(actions)
+
+
+def replay_steps_per_s(env: VectorEnv, calls: list[tuple[str, Any, Any]]) -> float:
+    """Env steps per second of `env` re-making the recorded `calls`: the same seeds, actions and resets.
+
+    The ceiling of the evaluation that made the calls: its env work alone, with nothing else in the loop.
+    A PushT episode's step cost depends on its contacts (300 random-action steps cost 390-581 us per step
+    here depending on the seed and the actions), so a ceiling over other episodes is off by as much.
+    """
+    n_steps = 0
+    start = time.perf_counter()
+    for kind, arg, options in calls:
+        if kind == "step":
+            env.step(arg)
+            n_steps += 1
+        else:  # gymnasium pops `reset_mask` from the options it gets: give it a copy
+            env.reset(seed=arg, options=None if options is None else dict(options))
+    return n_steps * env.num_envs / (time.perf_counter() - start)
 
 
 def ceiling_steps_per_s(env_cfg: EnvConfig, n_envs: int, use_async: bool, env_steps: int = 1500) -> float:

@@ -3,9 +3,10 @@
     python benchmarks/bench_eval.py [--repeats 3] [--checkpoint RUN_OR_CKPT_DIR]
 
 Rows: (a) the random policy on the keypoints and pixels envs, n_envs 1/4/8/16, sync and async, each with
-the ceiling (`bench_envs.raw_steps_per_s`) measured on the same env, alternating with the evaluation runs; (b) with `--checkpoint`, a Diffusion Policy checkpoint
-with DDPM 100 steps and DDIM 10 steps; (c) slot utilization and wall time of the fixed-batch, refill and
-aligned-refill schedules on the same checkpoint. Writes benchmarks/results/eval.json.
+the ceiling measured on the same env, alternating with the evaluation runs (`paired_row`); (b) with
+`--checkpoint`, a Diffusion Policy checkpoint with DDPM 100 steps and DDIM 10 steps; (c) slot utilization
+and wall time of the fixed-batch, refill and aligned-refill schedules on the same checkpoint. Writes
+benchmarks/results/eval.json.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import math
 import statistics
 from pathlib import Path
 
-from bench_envs import raw_steps_per_s
+from bench_envs import RecordingVectorEnv, raw_steps_per_s, replay_steps_per_s
 from common import RESULTS_DIR, keep_previous_rows, load_env, print_table, save_results
 
 from lerobot.cli import checkpoint_config
@@ -43,22 +44,29 @@ def eval_rate(
 def paired_row(
     policy_name: str, env_cfg, policy, n_envs: int, use_async: bool, n_episodes: int, repeats: int
 ) -> dict:
-    """Alternate the raw ceiling and `eval_policy` on one env, `repeats` times each.
+    """Alternate the ceiling and `eval_policy` on one env, `repeats` times each.
 
-    Both run on the same env object (copy=False, as `eval_policy` gets it) and alternate, so a load change
-    on this shared machine hits both; `ratio` is the median of the per-pair ratios.
+    All run on the same env object (copy=False, as `eval_policy` gets it) and alternate, so a load change
+    on this shared machine hits both sides of a pair. The ceiling replays the resets and actions of a
+    first, untimed evaluation (`replay_steps_per_s`: the same episodes, env work only); `ratio` is the
+    median of the per-pair ratios to it. `ratio_random_actions` is the same against
+    `raw_steps_per_s` (other random actions from seed 0 with autoresets: other episodes, whose physics
+    costs differ), the ceiling of earlier versions of this benchmark.
     """
     env = make_env(env_cfg, n_envs, use_async=use_async, copy=False)
     # As many env steps as the evaluation at most (full-length episodes), autoresets included.
     env_steps = n_episodes * (env_cfg.max_episode_steps + 1)
-    ceilings, runs = [], []
+    replays, randoms, runs = [], [], []
     try:
+        recorder = RecordingVectorEnv(env)
+        eval_policy(recorder, policy, n_episodes, start_seed=0, progress=False)  # also a warm-up
         for _ in range(repeats):
-            ceilings.append(raw_steps_per_s(env, env_steps))
+            replays.append(replay_steps_per_s(env, recorder.calls))
+            randoms.append(raw_steps_per_s(env, env_steps))
             runs.append(eval_policy(env, policy, n_episodes, start_seed=0, progress=False)["aggregated"])
     finally:
         env.close()
-    ratios = [run["env_steps_per_s"] / ceiling for run, ceiling in zip(runs, ceilings)]
+    ratios = [run["env_steps_per_s"] / ceiling for run, ceiling in zip(runs, replays)]
     return {
         "policy": policy_name,
         "env": env_cfg.name,
@@ -66,9 +74,13 @@ def paired_row(
         "mode": "async" if use_async else "sync",
         "episodes_per_s": statistics.median(1.0 / run["eval_ep_s"] for run in runs),
         "steps_per_s": statistics.median(run["env_steps_per_s"] for run in runs),
-        "ceiling_steps_per_s": statistics.median(ceilings),
+        "ceiling_steps_per_s": statistics.median(replays),
         "ratio": statistics.median(ratios),
         "ratio_runs": ratios,
+        "random_actions_steps_per_s": statistics.median(randoms),
+        "ratio_random_actions": statistics.median(
+            run["env_steps_per_s"] / ceiling for run, ceiling in zip(runs, randoms)
+        ),
     }
 
 
@@ -132,7 +144,10 @@ def utilization_rows(checkpoint: Path, n_envs: int, n_episodes: int) -> list[dic
     return rows
 
 
-COLUMNS = ["policy", "env", "n_envs", "mode", "episodes_per_s", "steps_per_s", "ceiling_steps_per_s", "ratio"]
+COLUMNS = [
+    "policy", "env", "n_envs", "mode", "episodes_per_s", "steps_per_s", "ceiling_steps_per_s", "ratio",
+    "ratio_random_actions",
+]  # fmt: skip
 
 
 def main() -> None:

@@ -123,6 +123,7 @@ def _write_video(path: Path, frames: list[np.ndarray], fps: int) -> Path:
     return path
 
 
+@torch.no_grad()  # nothing here needs autograd; entered once instead of at every chunk
 def eval_policy(
     env: VectorEnv,
     policy: Policy,
@@ -156,11 +157,11 @@ def eval_policy(
     policy.reset()
 
     slot_ep = np.full(num_envs, -1, dtype=np.int64)  # episode index each slot runs, -1 = idle
-    # Running figures of each slot's current episode, copied to the episode's row when it ends: per step
-    # they cost a few whole-array numpy ops and no fancy indexing.
+    # Running figures of each slot's current episode, copied to the episode's row when it ends.
     slot_sum = np.zeros(num_envs)
     slot_max = np.full(num_envs, -np.inf)
     slot_success = np.zeros(num_envs, dtype=bool)
+    log = _StepLog(slot_sum, slot_max, slot_success)
     slot_start = np.zeros(num_envs, dtype=np.int64)  # vector step at which the slot's episode began
     sum_reward = np.zeros(n_episodes)
     max_reward = np.full(n_episodes, -np.inf)
@@ -177,6 +178,7 @@ def eval_policy(
     vector_step = 0
     # refill_aligned: finished slots waiting for the next chunk step (reset with idle seeds meanwhile).
     waiting = np.zeros(num_envs, dtype=bool)
+    n_waiting = 0  # waiting.sum(), kept as an int: the loop tests it every step
     # Idle slots still step (a vector env steps all of them); they get seeds past the evaluated range.
     idle_seed = start_seed + n_episodes
 
@@ -206,6 +208,7 @@ def eval_policy(
             for s, image in zip(recording, _render(env, recording)):
                 frames[slot_ep[s]].append(np.asarray(image))
 
+    async_env = isinstance(env, AsyncVectorEnv)
     start = time.perf_counter()
     busy_steps = total_steps = 0
     bar = tqdm(total=n_episodes, desc="eval episodes", disable=not progress, leave=False)
@@ -213,34 +216,38 @@ def eval_policy(
         obs, _ = _reset(env, assign(np.arange(num_envs)), None)
         record_frames(np.arange(num_envs))
         n_active = int((slot_ep >= 0).sum())
-        while n_active > 0 or waiting.any():
-            if waiting.any() and (n_active == 0 or policy.steps_until_chunk() == 0):
+        while n_active > 0 or n_waiting > 0:
+            if n_waiting > 0 and (n_active == 0 or policy.steps_until_chunk() == 0):
                 # Start the waiting slots' episodes now: their first chunk joins the others' batch.
                 to_reset = np.flatnonzero(waiting)
                 waiting[:] = False
+                n_waiting = 0
+                log.flush()  # before `assign` zeroes these slots' figures
                 obs = _reset_slots(env, policy, obs, assign(to_reset), to_reset)
                 record_frames(to_reset)
                 n_active = int((slot_ep >= 0).sum())
             # Most steps pop queued actions: no observation to convert (or move to a GPU) then.
             batch = observation_to_batch(obs, device) if policy.wants_observation() else None
             action = policy.select_action(batch, as_numpy=True)
-            obs, reward, terminated, truncated, info = _step(env, action, step_timeout_s)
+            if async_env:
+                obs, reward, terminated, truncated, info = _step(env, action, step_timeout_s)
+            else:
+                obs, reward, terminated, truncated, info = env.step(action)
             vector_step += 1
             total_steps += num_envs
             busy_steps += n_active
-            # Idle slots accumulate too; their figures are discarded.
-            slot_sum += reward
-            np.maximum(slot_max, reward, out=slot_max)
-            slot_success |= _success(info, num_envs)
+            # Idle slots are logged too; their figures are discarded.
+            log.append(reward, info)
             if frames:
                 record_frames(np.flatnonzero(slot_ep >= 0))
 
-            done = terminated | truncated
-            if not done.any():
+            # count_nonzero is the cheapest test of a small bool array (`ndarray.any` runs Python code).
+            if not (np.count_nonzero(terminated) or np.count_nonzero(truncated)):
                 continue
-            finished = np.flatnonzero(done & (slot_ep >= 0))
+            finished = np.flatnonzero((terminated | truncated) & (slot_ep >= 0))
             if finished.size == 0:
                 continue
+            log.flush()
             eps = slot_ep[finished]
             sum_reward[eps] = slot_sum[finished]
             max_reward[eps] = slot_max[finished]
@@ -273,6 +280,7 @@ def eval_policy(
                     idle_seed += 1
                 if schedule == "refill_aligned":
                     waiting[finished] = next_ep < n_episodes
+                    n_waiting = int(waiting.sum())
                     obs, _ = _reset(env, seeds, _mask(num_envs, finished))
                 else:
                     obs = _reset_slots(env, policy, obs, seeds, finished)
@@ -309,6 +317,45 @@ def eval_policy(
         "slot_utilization": busy_steps / total_steps if total_steps else math.nan,
     }
     return {"per_episode": per_episode, "aggregated": aggregated, "video_paths": video_paths}
+
+
+class _StepLog:
+    """Each step's rewards (B,) and infos, folded into the slots' running figures only when read.
+
+    Appending to two lists is the whole per-step cost: the sums, maxima and successes are computed once per
+    `flush`, over a (k, B) stack, instead of by a few numpy calls at every step (measured: run cold after
+    the physics, those per-step calls cost several times their arithmetic). It keeps references: the
+    vector env must return a new reward array and info dict each step (gymnasium's vector envs do).
+    """
+
+    # Folded at least this often, so the log stays small in long episodes.
+    MAX_STEPS = 256
+
+    def __init__(self, slot_sum: np.ndarray, slot_max: np.ndarray, slot_success: np.ndarray):
+        self.slot_sum, self.slot_max, self.slot_success = slot_sum, slot_max, slot_success
+        self.rewards: list[np.ndarray] = []
+        self.infos: list[dict[str, Any]] = []
+
+    def append(self, reward: np.ndarray, info: dict[str, Any]) -> None:
+        """Log one step's (B,) rewards and its info dict."""
+        self.rewards.append(reward)
+        self.infos.append(info)
+        if len(self.rewards) >= self.MAX_STEPS:
+            self.flush()
+
+    def flush(self) -> None:
+        """Add the logged steps to the slots' figures (call before reading or resetting them)."""
+        if not self.rewards:
+            return
+        rewards = np.stack([self.slot_sum, *self.rewards])  # (1 + k, B)
+        # A running sum in step order, not `sum` (pairwise): the same float result as adding step by step.
+        self.slot_sum[:] = rewards.cumsum(axis=0)[-1]
+        np.maximum(self.slot_max, rewards[1:].max(axis=0), out=self.slot_max)
+        num_envs = len(self.slot_sum)
+        for info in self.infos:
+            self.slot_success |= _success(info, num_envs)
+        self.rewards.clear()
+        self.infos.clear()
 
 
 def _mask(num_envs: int, slots: np.ndarray) -> np.ndarray:

@@ -43,24 +43,29 @@ class RandomPolicy(Policy):
         low, high = _bounds(config)
         self.register_buffer("low", low)
         self.register_buffer("high", high)
-        # numpy's generator: a draw costs a fraction of a seeded torch.rand, and the policy is a speed probe.
-        self.rng = np.random.default_rng(config.seed)
+        self.on_reset(None)
 
     def on_reset(self, env_ids: Tensor | None) -> None:
-        """A full reset reseeds the generator, so every evaluation sees the same action sequence."""
-        if env_ids is None and hasattr(self, "rng"):
+        """A full reset reseeds the generator (every evaluation sees the same actions) and reads the bounds.
+
+        The bounds are copied to numpy here, not at every chunk, so a loaded state dict applies from the
+        next full reset (every evaluation starts with one).
+        """
+        if env_ids is None and hasattr(self, "low"):  # the base class resets before the buffers exist
+            # numpy's generator: a draw costs a fraction of a seeded torch.rand; the policy is a speed probe.
             self.rng = np.random.default_rng(self.config.seed)
+            self.low_np = self.low.numpy(force=True)
+            self.span_np = self.high.numpy(force=True) - self.low_np
 
     def predict_action_chunk(self, batch: dict[str, Tensor]) -> Tensor:
         """(B, n_action_steps, action_dim) uniform actions."""
         batch_size = next(iter(batch.values())).shape[0]
-        shape = (batch_size, self.n_action_steps, self.low.shape[0])
-        # Drawn in numpy on the host (bounds read from the buffers, so a loaded state dict applies).
-        low, high = self.low.cpu().numpy(), self.high.cpu().numpy()
-        actions = self.rng.random(shape, dtype=np.float32)
-        actions *= high - low
-        actions += low
-        return torch.from_numpy(actions).to(self.low.device)
+        actions = self.rng.random((batch_size, self.n_action_steps, len(self.low_np)), dtype=np.float32)
+        actions *= self.span_np
+        actions += self.low_np
+        chunk = torch.from_numpy(actions)
+        low = self.low
+        return chunk if low.is_cpu else chunk.to(low.device)
 
     def forward(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
         """A random policy has nothing to learn."""

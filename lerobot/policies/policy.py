@@ -123,15 +123,20 @@ class Policy(nn.Module, abc.ABC):
             )
         step = state.step
         if step >= state.refill_step:
-            with torch.no_grad():
+            if torch.is_grad_enabled():
+                with torch.no_grad():
+                    self._refill(state, step)
+            else:  # an evaluation loop already runs without autograd: entering no_grad per chunk costs
                 self._refill(state, step)
         state.step = step + 1
         if as_numpy:
             if state.queue_numpy is None:
-                host = state.queue.cpu()
-                state.queue_numpy = (host.float() if host.dtype == torch.bfloat16 else host).numpy()
+                queue = state.queue.float() if state.queue.dtype == torch.bfloat16 else state.queue
+                state.queue_numpy = queue.numpy(force=True)  # copies to the host only from a device
+                # All (B, action_dim) columns at once: popping one is then a list index, not numpy indexing.
+                state.numpy_columns = list(state.queue_numpy.swapaxes(0, 1))
             if state.aligned_step is not None:
-                return state.queue_numpy[:, step - state.aligned_step]
+                return state.numpy_columns[step - state.aligned_step]
             return state.queue_numpy[np.arange(state.batch_size), step - state.chunk_step]
         if state.aligned_step is not None:
             if not state.columns:
@@ -174,7 +179,7 @@ class Policy(nn.Module, abc.ABC):
             oldest, newest = int(state.chunk_step.min()), int(state.chunk_step.max())
             state.refill_step = oldest + self.n_action_steps
             state.aligned_step = step if oldest == newest else None
-        state.columns, state.queue_numpy = (), None  # made on demand
+        state.columns, state.queue_numpy, state.numpy_columns = (), None, []  # made on demand
 
     def _stacked_history(self, state: _QueueState, ids: np.ndarray | None) -> dict[str, Tensor]:
         """`{key: (b, n_obs_steps, ...)}` for the envs `ids` (all when None), oldest first.
@@ -246,14 +251,15 @@ class _QueueState:
     """
 
     __slots__ = (
-        "obs", "queue", "queue_numpy", "columns", "step", "batch_size", "first_step", "chunk_step", "refill_step",
-        "aligned_step", "chunk_env_ids",
+        "obs", "queue", "queue_numpy", "numpy_columns", "columns", "step", "batch_size", "first_step",
+        "chunk_step", "refill_step", "aligned_step", "chunk_env_ids",
     )  # fmt: skip
 
     def __init__(self, n_obs_steps: int):
         self.obs: deque[dict[str, Tensor]] = deque(maxlen=n_obs_steps)  # newest last, each (B, ...)
         self.queue: Tensor | None = None  # (B, n_action_steps, action_dim)
         self.queue_numpy: np.ndarray | None = None  # the queue on the host, made at the first numpy request
+        self.numpy_columns: list[np.ndarray] = []  # the (B, action_dim) columns of queue_numpy
         self.columns: tuple[Tensor, ...] = ()  # the queue's (B, action_dim) columns, when aligned
         self.step = 0  # index of the next `select_action` call
         self.batch_size = 0  # known at the first `select_action`
