@@ -320,42 +320,49 @@ def eval_policy(
 
 
 class _StepLog:
-    """Each step's rewards (B,) and infos, folded into the slots' running figures only when read.
+    """Each step's rewards and successes (B,), folded into the slots' running figures only when read.
 
-    Appending to two lists is the whole per-step cost: the sums, maxima and successes are computed once per
-    `flush`, over a (k, B) stack, instead of by a few numpy calls at every step (measured: run cold after
-    the physics, those per-step calls cost several times their arithmetic). It keeps references: the
-    vector env must return a new reward array and info dict each step (gymnasium's vector envs do).
+    A step copies its values into preallocated `(MAX_STEPS, B)` buffers (two numpy item assignments); the
+    sums, maxima and successes are computed once per `flush`. Measured on one keypoints env, main-thread
+    CPU time per step over the env's own: per-step ufuncs on the running figures +17 us, keeping each
+    step's arrays and info dict in a list +20 us (new memory every step instead of the memory the env just
+    freed), copying into these buffers +0 within noise.
     """
 
-    # Folded at least this often, so the log stays small in long episodes.
+    # Folded at least this often.
     MAX_STEPS = 256
 
     def __init__(self, slot_sum: np.ndarray, slot_max: np.ndarray, slot_success: np.ndarray):
         self.slot_sum, self.slot_max, self.slot_success = slot_sum, slot_max, slot_success
-        self.rewards: list[np.ndarray] = []
-        self.infos: list[dict[str, Any]] = []
+        self.num_envs = len(slot_sum)
+        # Row 0 holds the slots' sums so far when folding, so that the fold is one running sum.
+        self.rewards = np.zeros((self.MAX_STEPS + 1, self.num_envs))
+        self.successes = np.zeros((self.MAX_STEPS, self.num_envs), dtype=bool)
+        self.size = 0
 
     def append(self, reward: np.ndarray, info: dict[str, Any]) -> None:
-        """Log one step's (B,) rewards and its info dict."""
-        self.rewards.append(reward)
-        self.infos.append(info)
-        if len(self.rewards) >= self.MAX_STEPS:
+        """Log one step's (B,) rewards and the successes its info reports."""
+        size = self.size
+        self.rewards[size + 1] = reward
+        if "final_info" in info or "is_success" not in info:  # rare: let `_success` sort it out
+            self.successes[size] = _success(info, self.num_envs)
+        else:
+            self.successes[size] = info["is_success"]
+        self.size = size + 1
+        if self.size == self.MAX_STEPS:
             self.flush()
 
     def flush(self) -> None:
         """Add the logged steps to the slots' figures (call before reading or resetting them)."""
-        if not self.rewards:
+        size = self.size
+        if size == 0:
             return
-        rewards = np.stack([self.slot_sum, *self.rewards])  # (1 + k, B)
+        self.rewards[0] = self.slot_sum
         # A running sum in step order, not `sum` (pairwise): the same float result as adding step by step.
-        self.slot_sum[:] = rewards.cumsum(axis=0)[-1]
-        np.maximum(self.slot_max, rewards[1:].max(axis=0), out=self.slot_max)
-        num_envs = len(self.slot_sum)
-        for info in self.infos:
-            self.slot_success |= _success(info, num_envs)
-        self.rewards.clear()
-        self.infos.clear()
+        self.slot_sum[:] = self.rewards[: size + 1].cumsum(axis=0)[-1]
+        np.maximum(self.slot_max, self.rewards[1 : size + 1].max(axis=0), out=self.slot_max)
+        self.slot_success |= self.successes[:size].any(axis=0)
+        self.size = 0
 
 
 def _mask(num_envs: int, slots: np.ndarray) -> np.ndarray:
