@@ -24,6 +24,9 @@ few cores (it works on CUDA too):
 - **Optional int8 weights** (`int8_weights=True`, bf16 on CPU): every U-Net matmul also keeps its weight as
   int8 with one bf16 scale per output channel, and a call with at most `INT8_MAX_ROWS` rows (the deepest
   levels at batch 1) reads those instead: half the bytes of a pass that is bound by reading them.
+- **Optional `torch.compile`** of the U-Net step (`compile=True`): each matmul is one opaque operator
+  (`prepared_linear`) that keeps its prepared weights and kernel; inductor fuses what lies between them
+  (GroupNorm, Mish, FiLM, residual sums, the window copies), ~200 small operators per step in eager.
 
 The sampler's arithmetic (the noisy sample, the scheduler step) stays fp32 in the policy; the plan takes and
 returns fp32.
@@ -32,6 +35,8 @@ returns fp32.
 from __future__ import annotations
 
 import copy
+import itertools
+import weakref
 
 import einops
 import torch
@@ -75,14 +80,33 @@ def _int8_matmul_supported(weight: Tensor, dtype: torch.dtype) -> bool:
     return weight.device.type == "cpu" and dtype == torch.bfloat16 and weight.shape[1] % 16 == 0
 
 
+# Every PreparedLinear by id, for the custom operator below (which takes plain values only).
+_PREPARED: weakref.WeakValueDictionary[int, PreparedLinear] = weakref.WeakValueDictionary()
+_PREPARED_IDS = itertools.count()
+
+
+@torch.library.custom_op("lerobot::prepared_linear", mutates_args=())
+def prepared_linear(x: Tensor, layer: int) -> Tensor:
+    """`PreparedLinear.matmul` of layer number `layer`, (rows, K) -> (rows, N), as one operator that
+    `torch.compile` does not look into: inductor fuses the normalizations and pointwise ops between the
+    matmuls and leaves each matmul to the kernel its layer chose (prepacked oneDNN, or int8), whose weights
+    it could not trace (oneDNN's blocked tensors are opaque)."""
+    return _PREPARED[layer].matmul(x)
+
+
+@prepared_linear.register_fake
+def _(x: Tensor, layer: int) -> Tensor:
+    return x.new_empty(x.shape[0], _PREPARED[layer].out_features)
+
+
 class PreparedLinear(nn.Module):
     """`y = x @ W.T + b` for 2-D `x`, with `W` cast to `dtype` once and, on CPU with oneDNN, reordered once
     into oneDNN's blocked layout (otherwise every call reorders it again: at batch 1 that costs as much as
-    the matmul). Unpacked weights are frozen parameters, which `torch.compile(..., freezing)` folds and
-    prepacks itself.
+    the matmul).
 
     With `int8=True` (bf16 on CPU) it also keeps `quantize_int8(W)`, read instead of `W` by calls with at
-    most `INT8_MAX_ROWS` rows, where the matmul is bound by the bytes of the weight."""
+    most `INT8_MAX_ROWS` rows, where the matmul is bound by the bytes of the weight. Under `torch.compile`
+    the matmul is the opaque operator `prepared_linear`."""
 
     def __init__(
         self,
@@ -93,6 +117,7 @@ class PreparedLinear(nn.Module):
         int8: bool = False,
     ):
         super().__init__()
+        self.out_features = weight.shape[0]
         self.int8_weight: Tensor | None = None
         self.int8_scale: Tensor | None = None
         if int8 and _int8_matmul_supported(weight, dtype):
@@ -111,14 +136,22 @@ class PreparedLinear(nn.Module):
             except (RuntimeError, NotImplementedError):
                 pass  # this build/dtype has no packed kernel: plain `F.linear` below
         self.weight = nn.Parameter(weight, requires_grad=False) if self.packed is None else None
+        self.layer_id = next(_PREPARED_IDS)
+        _PREPARED[self.layer_id] = self
 
-    def forward(self, x: Tensor) -> Tensor:
+    def matmul(self, x: Tensor) -> Tensor:
+        """The matmul itself, `x` (rows, K) -> (rows, N), with the kernel that suits `rows`."""
         if self.int8_weight is not None and x.shape[0] <= INT8_MAX_ROWS:
             out = torch._weight_int8pack_mm(x.contiguous(), self.int8_weight, self.int8_scale)
             return out if self.bias is None else out + self.bias
         if self.packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if torch.compiler.is_compiling():
+            return prepared_linear(x, self.layer_id)
+        return self.matmul(x)
 
 
 class _TimeConv(nn.Module):
@@ -333,15 +366,15 @@ class InferencePlan:
         encoder: RgbEncoder | None,
         dtype: torch.dtype,
         compile: bool = False,
-        prepack: bool | None = None,
+        prepack: bool = True,
         int8_weights: bool = False,
     ):
         self.dtype = dtype
-        # Compiled, inductor's freezing folds the plain frozen weights and prepacks them itself.
-        prepack = not compile if prepack is None else prepack
         with torch.no_grad():
             self.unet = UnetPlan(unet, dtype, prepack, int8_weights).eval()
             self.encoder = EncoderPlan(encoder, dtype) if encoder is not None else None
         if compile:
             # Through __dict__: as a registered submodule, the compiled wrapper would contain its own owner.
-            self.unet.__dict__["compiled"] = torch.compile(self.unet, options={"freezing": True})
+            # Default shapes: the first batch size gets a static graph, a second one a graph with a dynamic
+            # batch that serves all later ones (refill evaluation varies the batch from chunk to chunk).
+            self.unet.__dict__["compiled"] = torch.compile(self.unet)
