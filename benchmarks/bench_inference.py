@@ -244,6 +244,9 @@ def count_flops(policy: DiffusionPolicy, obs: dict) -> tuple[float, float]:
 
 def time_batch(policies: dict, model: str, batch: int, repeats: int, ddpm_direct: bool) -> list[dict]:
     obs = observations(next(iter(policies.values())), batch)
+    # Compiled variants start from an empty dynamo cache at each batch size, so they run the static graph
+    # of this size (as a fixed-batch evaluation does), not the dynamic-batch graph a second size compiles.
+    torch._dynamo.reset()
     first = {}
     for name, policy in policies.items():  # builds plans, compiles; excluded from the medians
         first[name] = chunk(policy, obs, "DDIM", 2, seed=0)[0] / 1e3
@@ -472,6 +475,14 @@ PARITY_RUNS = {
         "policy.inference_fast_path=true",
         "policy.inference_dtype=bfloat16",
         "policy.inference_int8_weights=true",
+    ],
+    # Compile pays from batch 8 on: compare it at the default --eval-batch 50.
+    "fast bf16 compiled DDIM10": [
+        "policy.inference_scheduler=DDIM",
+        "policy.num_inference_steps=10",
+        "policy.inference_fast_path=true",
+        "policy.inference_dtype=bfloat16",
+        "policy.inference_compile=true",
     ],
 }
 DEFAULT_PARITY_RUNS = ["fp32 DDIM10", "fast bf16 DDIM10", "fp32 DDPM100", "fast bf16 DDPM100"]
