@@ -476,7 +476,15 @@ PARITY_RUNS = {
         "policy.inference_dtype=bfloat16",
         "policy.inference_int8_weights=true",
     ],
-    # Compile pays from batch 8 on: compare it at the default --eval-batch 50.
+    # The batch-1 setting (int8 weights are read at batch 1 only): compare it at --eval-batch 1.
+    "fast bf16 int8 compiled DDIM10": [
+        "policy.inference_scheduler=DDIM",
+        "policy.num_inference_steps=10",
+        "policy.inference_fast_path=true",
+        "policy.inference_dtype=bfloat16",
+        "policy.inference_int8_weights=true",
+        "policy.inference_compile=true",
+    ],
     "fast bf16 compiled DDIM10": [
         "policy.inference_scheduler=DDIM",
         "policy.num_inference_steps=10",
