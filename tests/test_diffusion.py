@@ -663,7 +663,7 @@ def test_compiled_fast_path_keeps_its_matmul_kernels(monkeypatch):
     """Compiled, the plan's matmuls still run `PreparedLinear.matmul` (int8 where the rows allow), once per
     layer per U-Net step, and the chunk is as close to fp32 as the eager plan's (not equal to it: inductor
     fuses the ops between the matmuls and rounds to bf16 once where eager rounds after every op), also at
-    a second batch size (a graph with a dynamic batch, as refill evaluation needs). ~1.5 min on 2 cores."""
+    a second batch size (a graph with a dynamic batch, as refill evaluation needs). ~0.5-1.5 min on 2 cores."""
     from lerobot.policies.diffusion import inference
 
     config = keypoint_config(

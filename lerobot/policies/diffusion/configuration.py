@@ -85,7 +85,8 @@ class DiffusionConfig(PolicyConfig):
     # bf16 they then run under autocast).
     inference_fast_path: bool = False
     # torch.compile the U-Net step of the fast path (inductor fuses the small ops between the matmuls, which
-    # keep their prepared kernels; the first chunk at each batch size compiles, ~0.5-1 min on 2 cores).
+    # keep their prepared kernels). The first chunk compiles (~0.5-1 min on 2 cores), and once more at the
+    # second batch size seen: a graph with a dynamic batch, which then serves every batch size.
     inference_compile: bool = False
     # Fast path in bf16 on CPU: also keep the U-Net weights in int8 (one scale per output channel) and read
     # them in the matmuls with at most 4 rows (batch 1's deepest levels), which are bound by weight bytes.
