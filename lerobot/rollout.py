@@ -123,7 +123,145 @@ def _write_video(path: Path, frames: list[np.ndarray], fps: int) -> Path:
     return path
 
 
-@torch.no_grad()  # nothing here needs autograd; entered once instead of at every chunk
+class _Episodes:
+    """Which episode each env slot runs, the running figures of those episodes, and the finished results.
+
+    Episode i gets seed `start_seed + i`. Slots with no episode to run are idle: they still step (a vector
+    env steps all of its envs), with seeds past the evaluated range, and their figures are discarded.
+    """
+
+    def __init__(self, n_episodes: int, start_seed: int, num_envs: int):
+        self.n_episodes, self.start_seed, self.num_envs = n_episodes, start_seed, num_envs
+        self.next_episode = 0  # the next episode to start
+        self.n_active = 0  # slots running an episode
+        self.idle_seed = start_seed + n_episodes
+        self.slot_episode = np.full(num_envs, -1, dtype=np.int64)  # -1 = idle
+        self.slot_start = np.zeros(num_envs, dtype=np.int64)  # vector step at which the episode began
+        self.slot_sum = np.zeros(num_envs)
+        self.slot_max = np.full(num_envs, -np.inf)
+        self.slot_success = np.zeros(num_envs, dtype=bool)
+        self.sum_reward = np.zeros(n_episodes)
+        self.max_reward = np.full(n_episodes, -np.inf)
+        self.success = np.zeros(n_episodes, dtype=bool)
+        self.n_steps = np.zeros(n_episodes, dtype=np.int64)
+
+    @property
+    def all_started(self) -> bool:
+        """Whether every episode has been given to a slot."""
+        return self.next_episode == self.n_episodes
+
+    @property
+    def done(self) -> bool:
+        """Whether every episode has ended."""
+        return self.all_started and self.n_active == 0
+
+    def start(self, slots: np.ndarray, step: int) -> list[int | None]:
+        """Give `slots` the next pending episodes (idle once none is left); return per-env reset seeds."""
+        seeds: list[int | None] = [None] * self.num_envs
+        for slot in slots:
+            if self.next_episode < self.n_episodes:
+                self.slot_episode[slot] = self.next_episode
+                seeds[slot] = self.start_seed + self.next_episode
+                self.next_episode += 1
+            else:
+                self.slot_episode[slot] = -1
+                seeds[slot] = self._take_idle_seed()
+        self.n_active = int(np.count_nonzero(self.slot_episode >= 0))
+        self.slot_sum[slots] = 0.0
+        self.slot_max[slots] = -np.inf
+        self.slot_success[slots] = False
+        self.slot_start[slots] = step
+        return seeds
+
+    def idle_seeds(self, slots: np.ndarray) -> list[int | None]:
+        """Per-env reset seeds that keep `slots` idle."""
+        seeds: list[int | None] = [None] * self.num_envs
+        for slot in slots:
+            seeds[slot] = self._take_idle_seed()
+        return seeds
+
+    def _take_idle_seed(self) -> int:
+        self.idle_seed += 1
+        return self.idle_seed - 1
+
+    def log_step(self, reward: np.ndarray, success: np.ndarray) -> None:
+        """Add one vector step's (B,) rewards and successes to every slot's running figures."""
+        # Summed step by step in episode order: the same float result as a plain single-env loop.
+        self.slot_sum += reward
+        np.maximum(self.slot_max, reward, out=self.slot_max)
+        self.slot_success |= success
+
+    def finish(self, slots: np.ndarray, step: int) -> np.ndarray:
+        """Record the episodes that `slots` just ended at vector step `step`; return their indices."""
+        episodes = self.slot_episode[slots]
+        self.sum_reward[episodes] = self.slot_sum[slots]
+        self.max_reward[episodes] = self.slot_max[slots]
+        self.success[episodes] = self.slot_success[slots]
+        self.n_steps[episodes] = step - self.slot_start[slots]
+        self.slot_episode[slots] = -1
+        self.n_active -= len(slots)
+        return episodes
+
+    def per_episode(self) -> list[dict[str, Any]]:
+        """One row per episode, in episode order."""
+        return [
+            {
+                "episode_ix": i,
+                "seed": self.start_seed + i,
+                "sum_reward": float(self.sum_reward[i]),
+                "max_reward": float(self.max_reward[i]),
+                "success": bool(self.success[i]),
+                "n_steps": int(self.n_steps[i]),
+            }
+            for i in range(self.n_episodes)
+        ]
+
+
+class _Videos:
+    """Frames of the first `max_episodes` episodes, each written to mp4 by a background thread when it ends."""
+
+    def __init__(self, env: VectorEnv, videos_dir: Path | str | None, max_episodes: int):
+        if max_episodes > 0 and videos_dir is None:
+            raise ValueError("max_episodes_rendered > 0 needs a videos_dir")
+        self.env, self.max_episodes = env, max_episodes
+        self.dir = Path(videos_dir) if videos_dir is not None else None
+        if self.dir is not None:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        self.fps = int(env.metadata.get("render_fps") or 10)
+        self.frames: dict[int, list[np.ndarray]] = {}  # episode -> frames so far
+        self.writer = ThreadPoolExecutor(max_workers=1) if max_episodes > 0 else None
+        self.jobs: list[Future] = []
+
+    def start(self, episodes: _Episodes, slots: np.ndarray) -> None:
+        """Begin recording the episodes just started in `slots` that are among the first `max_episodes`."""
+        for slot in slots:
+            if 0 <= episodes.slot_episode[slot] < self.max_episodes:
+                self.frames[int(episodes.slot_episode[slot])] = []
+        self.capture(episodes, slots)
+
+    def capture(self, episodes: _Episodes, slots: np.ndarray) -> None:
+        """Add the current frame of each recorded episode running in `slots`."""
+        recording = [s for s in slots if episodes.slot_episode[s] in self.frames]
+        if recording:
+            for slot, image in zip(recording, _render(self.env, recording)):
+                self.frames[int(episodes.slot_episode[slot])].append(np.asarray(image))
+
+    def finish(self, finished: np.ndarray) -> None:
+        """Write the videos of the `finished` episodes that were recorded."""
+        for episode in finished.tolist():
+            if episode in self.frames:
+                path = self.dir / f"eval_episode_{episode}.mp4"
+                self.jobs.append(self.writer.submit(_write_video, path, self.frames.pop(episode), self.fps))
+
+    def close(self) -> list[str]:
+        """Wait for the writes; return the video paths in the order the episodes ended."""
+        paths = [str(job.result()) for job in self.jobs]
+        if self.writer is not None:
+            self.writer.shutdown()
+        return paths
+
+
+@torch.no_grad()
 def eval_policy(
     env: VectorEnv,
     policy: Policy,
@@ -148,231 +286,78 @@ def eval_policy(
         raise ValueError(f"n_episodes={n_episodes} must be > 0")
     if schedule not in EVAL_SCHEDULES:
         raise ValueError(f"schedule={schedule!r}: expected one of {EVAL_SCHEDULES}")
-    if max_episodes_rendered > 0 and videos_dir is None:
-        raise ValueError("max_episodes_rendered > 0 needs a videos_dir")
     num_envs = env.num_envs
     device = policy_device(policy)
-    fps = int(env.metadata.get("render_fps") or 10)
     policy.eval()
     policy.reset()
+    episodes = _Episodes(n_episodes, start_seed, num_envs)
+    videos = _Videos(env, videos_dir, max_episodes_rendered)
 
-    slot_ep = np.full(num_envs, -1, dtype=np.int64)  # episode index each slot runs, -1 = idle
-    # Running figures of each slot's current episode, copied to the episode's row when it ends.
-    slot_sum = np.zeros(num_envs)
-    slot_max = np.full(num_envs, -np.inf)
-    slot_success = np.zeros(num_envs, dtype=bool)
-    log = _StepLog(slot_sum, slot_max, slot_success)
-    slot_start = np.zeros(num_envs, dtype=np.int64)  # vector step at which the slot's episode began
-    sum_reward = np.zeros(n_episodes)
-    max_reward = np.full(n_episodes, -np.inf)
-    success = np.zeros(n_episodes, dtype=bool)
-    n_steps = np.zeros(n_episodes, dtype=np.int64)
-    frames: dict[int, list[np.ndarray]] = {}
-    video_jobs: list[Future] = []
-    writer = ThreadPoolExecutor(max_workers=1) if max_episodes_rendered > 0 else None
-    if videos_dir is not None:
-        videos_dir = Path(videos_dir)
-        videos_dir.mkdir(parents=True, exist_ok=True)
+    def start(slots: np.ndarray) -> Any:
+        """Reset `slots` into their next episodes, with fresh policy state for them."""
+        mask = None if slots.size == num_envs else _mask(num_envs, slots)
+        new_obs, _ = _reset(env, episodes.start(slots, vector_step), mask)
+        policy.reset(slots)
+        videos.start(episodes, slots)
+        return new_obs
 
-    next_ep = 0
-    vector_step = 0
-    # refill_aligned: finished slots waiting for the next chunk step (reset with idle seeds meanwhile).
-    waiting = np.zeros(num_envs, dtype=bool)
-    n_waiting = 0  # waiting.sum(), kept as an int: the loop tests it every step
-    # Idle slots still step (a vector env steps all of them); they get seeds past the evaluated range.
-    idle_seed = start_seed + n_episodes
-
-    def assign(slots: np.ndarray) -> list[int | None]:
-        nonlocal next_ep, idle_seed
-        seeds: list[int | None] = [None] * num_envs
-        for slot in slots:
-            if next_ep < n_episodes:
-                slot_ep[slot] = next_ep
-                seeds[slot] = start_seed + next_ep
-                if next_ep < max_episodes_rendered:
-                    frames[next_ep] = []
-                next_ep += 1
-            else:
-                slot_ep[slot] = -1
-                seeds[slot] = idle_seed
-                idle_seed += 1
-        slot_sum[slots] = 0.0
-        slot_max[slots] = -np.inf
-        slot_success[slots] = False
-        slot_start[slots] = vector_step
-        return seeds
-
-    def record_frames(slots: np.ndarray) -> None:
-        recording = [s for s in slots if slot_ep[s] in frames]
-        if recording:
-            for s, image in zip(recording, _render(env, recording)):
-                frames[slot_ep[s]].append(np.asarray(image))
-
-    async_env = isinstance(env, AsyncVectorEnv)
-    start = time.perf_counter()
-    busy_steps = total_steps = 0
+    vector_step = busy_steps = 0
+    waiting = np.zeros(0, dtype=np.int64)  # refill_aligned: slots that start at the next chunk step
+    start_time = time.perf_counter()
     bar = tqdm(total=n_episodes, desc="eval episodes", disable=not progress, leave=False)
     try:
-        obs, _ = _reset(env, assign(np.arange(num_envs)), None)
-        record_frames(np.arange(num_envs))
-        n_active = int((slot_ep >= 0).sum())
-        while n_active > 0 or n_waiting > 0:
-            if n_waiting > 0 and (n_active == 0 or policy.steps_until_chunk() == 0):
-                # Start the waiting slots' episodes now: their first chunk joins the others' batch.
-                to_reset = np.flatnonzero(waiting)
-                waiting[:] = False
-                n_waiting = 0
-                log.flush()  # before `assign` zeroes these slots' figures
-                obs = _reset_slots(env, policy, obs, assign(to_reset), to_reset)
-                record_frames(to_reset)
-                n_active = int((slot_ep >= 0).sum())
-            # Most steps pop queued actions: no observation to convert (or move to a GPU) then.
-            batch = observation_to_batch(obs, device) if policy.wants_observation() else None
-            action = policy.select_action(batch, as_numpy=True)
-            if async_env:
-                obs, reward, terminated, truncated, info = _step(env, action, step_timeout_s)
-            else:
-                obs, reward, terminated, truncated, info = env.step(action)
+        obs = start(np.arange(num_envs))
+        while not episodes.done:
+            if waiting.size and (episodes.n_active == 0 or policy.steps_until_chunk() == 0):
+                obs, waiting = start(waiting), waiting[:0]
+            action = policy.select_action(observation_to_batch(obs, device)).numpy()
+            obs, reward, terminated, truncated, info = _step(env, action, step_timeout_s)
             vector_step += 1
-            total_steps += num_envs
-            busy_steps += n_active
-            # Idle slots are logged too; their figures are discarded.
-            log.append(reward, info)
-            if frames:
-                record_frames(np.flatnonzero(slot_ep >= 0))
+            busy_steps += episodes.n_active
+            episodes.log_step(reward, _success(info, num_envs))
+            active = episodes.slot_episode >= 0
+            if videos.frames:
+                videos.capture(episodes, np.flatnonzero(active))
 
-            # count_nonzero is the cheapest test of a small bool array (`ndarray.any` runs Python code).
-            if not (np.count_nonzero(terminated) or np.count_nonzero(truncated)):
-                continue
-            finished = np.flatnonzero((terminated | truncated) & (slot_ep >= 0))
+            finished = np.flatnonzero((terminated | truncated) & active)
             if finished.size == 0:
                 continue
-            log.flush()
-            eps = slot_ep[finished]
-            sum_reward[eps] = slot_sum[finished]
-            max_reward[eps] = slot_max[finished]
-            success[eps] = slot_success[finished]
-            n_steps[eps] = vector_step - slot_start[finished]
-            for slot, ep in zip(finished, eps.tolist()):
-                if ep in frames and writer is not None:
-                    path = videos_dir / f"eval_episode_{ep}.mp4"
-                    video_jobs.append(writer.submit(_write_video, path, frames.pop(ep), fps))
-                slot_ep[slot] = -1
-            bar.update(len(finished))
-            bar.set_postfix(env_steps=busy_steps)
-            if next_ep == n_episodes and not (slot_ep >= 0).any():
-                break  # every episode has ended: no slot needs a reset
-            n_active = int((slot_ep >= 0).sum())
-            # Aligned refill need not wait when no slot runs or the next step is a chunk step anyway.
-            start_now = schedule == "refill" or (
-                schedule == "refill_aligned" and (n_active == 0 or policy.steps_until_chunk() == 0)
-            )
-            if start_now:
-                to_reset = finished
-            elif schedule == "batch" and n_active == 0:
-                to_reset = np.arange(num_envs)
+            videos.finish(episodes.finish(finished, vector_step))
+            bar.update(finished.size)
+            if episodes.done:
+                break
+            # When the finished slots start their next episode (see the module docstring).
+            if schedule == "refill" or (
+                schedule == "refill_aligned" and (episodes.n_active == 0 or policy.steps_until_chunk() == 0)
+            ):
+                obs, waiting = start(np.union1d(finished, waiting)), waiting[:0]
+            elif schedule == "batch" and episodes.n_active == 0:
+                obs = start(np.arange(num_envs))
             else:
-                # The slot idles (reset so it stays steppable) until its next episode starts. Aligned
-                # refill keeps its policy state, so its queue keeps the other slots' chunk phase.
-                seeds: list[int | None] = [None] * num_envs
-                for slot in finished:
-                    seeds[slot] = idle_seed
-                    idle_seed += 1
-                if schedule == "refill_aligned":
-                    waiting[finished] = next_ep < n_episodes
-                    n_waiting = int(waiting.sum())
-                    obs, _ = _reset(env, seeds, _mask(num_envs, finished))
-                else:
-                    obs = _reset_slots(env, policy, obs, seeds, finished)
-                continue
-            obs = _reset_slots(env, policy, obs, assign(to_reset), to_reset)
-            record_frames(to_reset)
-            n_active = int((slot_ep >= 0).sum())
+                # Idle until then: reset so the slot stays steppable. Its policy state is kept, so its
+                # queue keeps the other slots' chunk phase.
+                obs, _ = _reset(env, episodes.idle_seeds(finished), _mask(num_envs, finished))
+                if schedule == "refill_aligned" and not episodes.all_started:
+                    waiting = np.union1d(waiting, finished)
     finally:
         bar.close()
-    video_paths = [str(job.result()) for job in video_jobs]
-    if writer is not None:
-        writer.shutdown()
-    eval_s = time.perf_counter() - start
-
-    per_episode = [
-        {
-            "episode_ix": i,
-            "seed": start_seed + i,
-            "sum_reward": float(sum_reward[i]),
-            "max_reward": float(max_reward[i]),
-            "success": bool(success[i]),
-            "n_steps": int(n_steps[i]),
-        }
-        for i in range(n_episodes)
-    ]
+    video_paths = videos.close()
+    eval_s = time.perf_counter() - start_time
+    total_steps = vector_step * num_envs
     aggregated = {
-        "avg_sum_reward": float(np.mean(sum_reward)),
-        "avg_max_reward": float(np.mean(max_reward)),
-        "pc_success": float(100.0 * np.mean(success)),
+        "avg_sum_reward": float(np.mean(episodes.sum_reward)),
+        "avg_max_reward": float(np.mean(episodes.max_reward)),
+        "pc_success": float(100.0 * np.mean(episodes.success)),
         "eval_s": eval_s,
         "eval_ep_s": eval_s / n_episodes,
         "env_steps": int(busy_steps),
         "env_steps_per_s": busy_steps / eval_s if eval_s > 0 else math.nan,
         "slot_utilization": busy_steps / total_steps if total_steps else math.nan,
     }
-    return {"per_episode": per_episode, "aggregated": aggregated, "video_paths": video_paths}
-
-
-class _StepLog:
-    """Each step's rewards and successes (B,), folded into the slots' running figures only when read.
-
-    A step copies its values into preallocated `(MAX_STEPS, B)` buffers (two numpy item assignments); the
-    sums, maxima and successes are computed once per `flush`. Measured on one keypoints env, main-thread
-    CPU time per step over the env's own: per-step ufuncs on the running figures +17 us, keeping each
-    step's arrays and info dict in a list +20 us (new memory every step instead of the memory the env just
-    freed), copying into these buffers +0 within noise.
-    """
-
-    # Folded at least this often.
-    MAX_STEPS = 256
-
-    def __init__(self, slot_sum: np.ndarray, slot_max: np.ndarray, slot_success: np.ndarray):
-        self.slot_sum, self.slot_max, self.slot_success = slot_sum, slot_max, slot_success
-        self.num_envs = len(slot_sum)
-        # Row 0 holds the slots' sums so far when folding, so that the fold is one running sum.
-        self.rewards = np.zeros((self.MAX_STEPS + 1, self.num_envs))
-        self.successes = np.zeros((self.MAX_STEPS, self.num_envs), dtype=bool)
-        self.size = 0
-
-    def append(self, reward: np.ndarray, info: dict[str, Any]) -> None:
-        """Log one step's (B,) rewards and the successes its info reports."""
-        size = self.size
-        self.rewards[size + 1] = reward
-        if "final_info" in info or "is_success" not in info:  # rare: let `_success` sort it out
-            self.successes[size] = _success(info, self.num_envs)
-        else:
-            self.successes[size] = info["is_success"]
-        self.size = size + 1
-        if self.size == self.MAX_STEPS:
-            self.flush()
-
-    def flush(self) -> None:
-        """Add the logged steps to the slots' figures (call before reading or resetting them)."""
-        size = self.size
-        if size == 0:
-            return
-        self.rewards[0] = self.slot_sum
-        # A running sum in step order, not `sum` (pairwise): the same float result as adding step by step.
-        self.slot_sum[:] = self.rewards[: size + 1].cumsum(axis=0)[-1]
-        np.maximum(self.slot_max, self.rewards[1 : size + 1].max(axis=0), out=self.slot_max)
-        self.slot_success |= self.successes[:size].any(axis=0)
-        self.size = 0
+    return {"per_episode": episodes.per_episode(), "aggregated": aggregated, "video_paths": video_paths}
 
 
 def _mask(num_envs: int, slots: np.ndarray) -> np.ndarray:
     mask = np.zeros(num_envs, dtype=bool)
     mask[slots] = True
     return mask
-
-
-def _reset_slots(env: VectorEnv, policy: Policy, obs: Any, seeds: list[int | None], slots: np.ndarray) -> Any:
-    """Reset only `slots` (with their seeds) and clear their policy state; other slots keep going."""
-    new_obs, _ = _reset(env, seeds, _mask(env.num_envs, slots))
-    policy.reset(env_ids=torch.as_tensor(slots))
-    return new_obs

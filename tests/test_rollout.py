@@ -14,7 +14,6 @@ from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
 from omegaconf import OmegaConf
 from toy_env import make_toy, term_at
 
-from lerobot import rollout
 from lerobot.config import env_config, validate_config
 from lerobot.constants import OBS_STATE
 from lerobot.envs import make_env, observation_to_batch
@@ -93,20 +92,6 @@ def test_toy_env_matches_single_env_reference(num_envs, use_async, schedule):
     assert [e["seed"] for e in got["per_episode"]] == list(range(start_seed, start_seed + n_episodes))
     # No stale action from an earlier episode: the echo policy's -1000 penalty never appears.
     assert all(e["max_reward"] > 0 for e in got["per_episode"])
-
-
-@pytest.mark.parametrize("max_steps", [1, 2, 5])
-def test_step_log_folded_mid_episode_stays_exact(monkeypatch, max_steps):
-    # The per-step log is folded into the slots' figures every `max_steps` steps as well as at episode
-    # ends: sums across several folds must still equal the step-by-step reference, float for float.
-    monkeypatch.setattr(rollout._StepLog, "MAX_STEPS", max_steps)
-    want = reference(make_toy, EchoSeedPolicy(), 7, 10)
-    env = SyncVectorEnv([make_toy] * 3)
-    try:
-        got = eval_policy(env, EchoSeedPolicy(), 7, start_seed=10, progress=False)
-    finally:
-        env.close()
-    assert strip(got["per_episode"]) == want
 
 
 @pytest.mark.parametrize("schedule", ["refill", "refill_aligned"])
