@@ -1,12 +1,12 @@
 """DataLoader throughput on the PushT demonstrations with Diffusion Policy's windows (a benchmark, not a test).
 
-    python benchmarks/bench_dataloader.py [--root DIR] [--workers 0 2] [--passes 3] [--no-train-step] [--device cpu]
+    python benchmarks/bench_dataloader.py [--root DIR] [--workers 0 2] [--passes 5] [--batch-size 64]
 
 Measures full passes (one epoch, batch 64, shuffled, drop_last) over the image training set with
 `observation.image`/`observation.state` at offsets [-0.1, 0.0] s and `action` at [-0.1, ..., 1.4] s, once per
 worker count, and reports samples/s and ms per batch (best and median of the passes; worker start-up is
-included, as in training). Unless `--no-train-step`, it also times one Diffusion Policy training step
-(forward, backward, AdamW) on such a batch, so the two can be compared. Prints a table and writes JSON.
+included, as in training). What a training step costs next to its batch is `bench_train.py`'s data vs compute
+split. Prints a table and writes benchmarks/results/dataloader.json.
 """
 
 from __future__ import annotations
@@ -74,30 +74,6 @@ def time_passes(dataset, batch_size: int, num_workers: int, passes: int) -> dict
     }
 
 
-def time_train_step(dataset, env_cfg: EnvConfig, batch_size: int, steps: int, device: str) -> dict:
-    """Median wall time of a Diffusion Policy training step (forward + backward + AdamW) on `device`."""
-    from lerobot.policies.factory import make_policy, make_policy_config
-
-    policy_cfg = make_policy_config(OmegaConf.load(REPO_ROOT / "configs/policy/diffusion.yaml"), env_cfg)
-    policy = make_policy(policy_cfg, dataset_stats=dataset.stats)
-    policy.train()
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-4)
-    batch = dataset.__getitems__(list(range(batch_size)))
-    times = []
-    for _ in range(steps + 1):  # the first step warms up allocators and is dropped
-        t0 = time.perf_counter()
-        loss = policy.forward(batch)["loss"]
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        times.append(time.perf_counter() - t0)
-    return {
-        "policy": "diffusion",
-        "steps_timed": steps,
-        "ms_per_step_median": 1e3 * statistics.median(times[1:]),
-    }
-
-
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -107,11 +83,7 @@ def main(argv: list[str] | None = None) -> dict:
     )
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 2])
-    parser.add_argument("--passes", type=int, default=3)
-    parser.add_argument(
-        "--no-train-step", action="store_true", help="skip timing a Diffusion Policy training step"
-    )
-    parser.add_argument("--out", type=Path, default=REPO_ROOT / "benchmarks" / "results" / "dataloader.json")
+    parser.add_argument("--passes", type=int, default=5)
     args = parser.parse_args(argv)
 
     env_cfg = _env_cfg()
@@ -121,11 +93,6 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"dataset ready in {prepare_s:.1f} s: {dataset}")
     load_before = os.getloadavg()[0]
     rows = [time_passes(dataset, args.batch_size, w, args.passes) for w in args.workers]
-    train = (
-        None
-        if args.no_train_step
-        else time_train_step(dataset, env_cfg, args.batch_size, args.train_steps, args.device)
-    )
 
     print(
         f"\nbatch {args.batch_size}, {rows[0]['samples_per_pass']} samples/pass, best/median of {args.passes} passes"
@@ -136,10 +103,6 @@ def main(argv: list[str] | None = None) -> dict:
         print(
             f"{r['num_workers']:>7} | {r['samples_per_s_best']:>16.0f} | {r['samples_per_s_median']:>18.0f} | "
             f"{r['ms_per_batch_best']:>15.2f}"
-        )
-    if train is not None:
-        print(
-            f"Diffusion Policy training step (CPU, batch {args.batch_size}): {train['ms_per_step_median']:.0f} ms"
         )
 
     result = {
@@ -152,7 +115,6 @@ def main(argv: list[str] | None = None) -> dict:
         },
         "prepare_seconds": prepare_s,
         "loaders": rows,
-        "train_step": train,
         "machine": {
             "cpu_count": os.cpu_count(),
             "load_average_1min_before": load_before,
@@ -162,11 +124,12 @@ def main(argv: list[str] | None = None) -> dict:
             "torch": torch.__version__,
         },
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".json.tmp")
+    out = REPO_ROOT / "benchmarks" / "results" / "dataloader.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(result, indent=1))
-    os.replace(tmp, args.out)
-    print(f"wrote {args.out}")
+    os.replace(tmp, out)
+    print(f"wrote {out}")
     return result
 
 

@@ -59,8 +59,8 @@ def replay_steps_per_s(env: VectorEnv, calls: list[tuple[str, Any, Any]]) -> flo
     """Env steps per second of `env` re-making the recorded `calls`: the same seeds, actions and resets.
 
     The ceiling of the evaluation that made the calls: its env work alone, with nothing else in the loop.
-    A PushT episode's step cost depends on its contacts (300 random-action steps cost 390-581 us per step
-    here depending on the seed and the actions), so a ceiling over other episodes is off by as much.
+    A PushT step's cost depends on the contacts of its episode, so a ceiling measured over other episodes
+    (other seeds or actions) would measure a different amount of work.
     """
     n_steps = 0
     start = time.perf_counter()

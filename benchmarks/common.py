@@ -30,8 +30,6 @@ def machine_info() -> dict:
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name") and not cpu:
-                    cpu = line.split(":", 1)[1].strip()
                 if line.startswith("model name"):
                     cpu = line.split(":", 1)[1].strip()
                 if line.startswith("flags"):

@@ -1,6 +1,6 @@
 """Plot the env-ceiling and evaluation scaling curves from benchmarks/results/{envs,eval}.json.
 
-python benchmarks/plot_results.py   # writes benchmarks/results/scaling.png
+python benchmarks/plot_results.py   # writes benchmarks/results/eval.png
 
 Top row: the raw ceiling (`bench_envs.py`). Bottom row: `eval_policy` with the random policy next to the
 ceiling measured in the same pairs (`bench_eval.py`: the evaluation's own episodes replayed), so the two
@@ -48,7 +48,7 @@ def main() -> None:
             ax.grid(alpha=0.3)
             ax.legend()
     fig.tight_layout()
-    out = RESULTS_DIR / "scaling.png"
+    out = RESULTS_DIR / "eval.png"
     fig.savefig(out, dpi=80)
     print(f"wrote {out}")
 
