@@ -315,11 +315,12 @@ def eval_policy(
             vector_step += 1
             busy_steps += episodes.n_active
             episodes.log_step(reward, _success(info, num_envs))
-            active = episodes.slot_episode >= 0
             if videos.frames:
-                videos.capture(episodes, np.flatnonzero(active))
-
-            finished = np.flatnonzero((terminated | truncated) & active)
+                videos.capture(episodes, np.flatnonzero(episodes.slot_episode >= 0))
+            done = terminated | truncated
+            if not done.any():
+                continue
+            finished = np.flatnonzero(done & (episodes.slot_episode >= 0))
             if finished.size == 0:
                 continue
             videos.finish(episodes.finish(finished, vector_step))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import abc
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -76,24 +77,22 @@ class Policy(nn.Module, abc.ABC):
     def reset(self, env_ids: Sequence[int] | Tensor | np.ndarray | None = None) -> None:
         """Clear observation history and action queue, for all envs (`None`) or only for `env_ids`."""
         if env_ids is None:
-            self._history: deque[dict[str, Tensor]] = deque(maxlen=self.n_obs_steps)  # newest last, (B, ...)
-            self._queue: np.ndarray | None = None  # (B, n_action_steps, action_dim) on the host
-            self._next = np.zeros(0, dtype=np.int64)  # (B,) queue index of each env's next action
-            self._n_seen = np.zeros(0, dtype=np.int64)  # (B,) observations since each env's reset
+            self._acting = _ActingState(deque(maxlen=self.n_obs_steps))
             self.on_reset(None)
             return
-        if self._next.size == 0:  # no env has acted yet: nothing to clear
+        state = self._acting
+        if state.batch_size == 0:  # no env has acted yet: nothing to clear
             return
         ids = np.asarray(env_ids.cpu() if isinstance(env_ids, Tensor) else env_ids, dtype=np.int64)
-        self._next[ids] = self.n_action_steps
-        self._n_seen[ids] = 0
+        state.first_step[ids] = state.step
+        state.chunk_step[ids] = _NO_CHUNK
+        state.refill_step = state.step
         self.on_reset(torch.from_numpy(ids))
 
     def steps_until_chunk(self) -> int:
         """How many `select_action` calls only pop queued actions before one predicts a chunk (0: the next)."""
-        if self._queue is None:
-            return 0
-        return max(self.n_action_steps - int(self._next.max()), 0)
+        state = self._acting
+        return max(state.refill_step - state.step, 0)
 
     def select_action(self, batch: dict[str, Tensor]) -> Tensor:
         """One action per env, (B, action_dim) float32 on the CPU, for the current observations (B, ...).
@@ -106,27 +105,27 @@ class Policy(nn.Module, abc.ABC):
             raise KeyError(
                 f"select_action needs observation keys (starting with {OBS_PREFIX!r}), got {list(batch)}"
             )
+        state = self._acting
         batch_size = next(iter(obs.values())).shape[0]
-        if batch_size != self._next.size or (self._history and self._history[-1].keys() != obs.keys()):
+        if batch_size != state.batch_size or (state.history and state.history[-1].keys() != obs.keys()):
             self.reset()
-            self._next = np.full(batch_size, self.n_action_steps, dtype=np.int64)
-            self._n_seen = np.zeros(batch_size, dtype=np.int64)
+            state = self._acting
+            state.batch_size = batch_size
+            state.first_step = np.zeros(batch_size, dtype=np.int64)
+            state.chunk_step = np.full(batch_size, _NO_CHUNK, dtype=np.int64)
         # Older observations must survive the caller reusing its tensors; with one step none is kept.
-        self._history.append({k: v.detach().clone() for k, v in obs.items()} if self.n_obs_steps > 1 else obs)
-        self._n_seen += 1
-        empty = np.flatnonzero(self._next >= self.n_action_steps)
-        if empty.size:
-            self._queue_chunks(empty)
-        action = self._queue[np.arange(batch_size), self._next]
-        self._next += 1
+        state.history.append({k: v.detach().clone() for k, v in obs.items()} if self.n_obs_steps > 1 else obs)
+        if state.step >= state.refill_step:
+            self._queue_chunks(state, np.flatnonzero(state.chunk_step + self.n_action_steps <= state.step))
+        action = state.queue[np.arange(batch_size), state.step - state.chunk_step]
+        state.step += 1
         return torch.from_numpy(action)
 
-    def _queue_chunks(self, ids: np.ndarray) -> None:
+    def _queue_chunks(self, state: _ActingState, ids: np.ndarray) -> None:
         """Predict chunks for the envs `ids` from their histories and queue their first n_action_steps."""
-        history = self._stacked_history(ids)
+        history = self._stacked_history(state, ids)
         device = next(iter(history.values())).device
-        all_envs = ids.size == self._next.size
-        self.chunk_env_ids = None if all_envs else torch.from_numpy(ids).to(device)
+        self.chunk_env_ids = None if ids.size == state.batch_size else torch.from_numpy(ids).to(device)
         try:
             with torch.no_grad():
                 chunk = self.predict_action_chunk(history)
@@ -138,26 +137,52 @@ class Policy(nn.Module, abc.ABC):
                 f"(B={ids.size}, T>={self.n_action_steps}, action_dim)"
             )
         chunk = chunk[:, : self.n_action_steps].float().numpy(force=True)
-        if self._queue is None or self._queue.shape[2] != chunk.shape[2]:
-            self._queue = np.zeros((self._next.size, *chunk.shape[1:]), dtype=np.float32)
-        self._queue[ids] = chunk
-        self._next[ids] = 0
+        if state.queue is None or state.queue.shape[2] != chunk.shape[2]:
+            state.queue = np.zeros((state.batch_size, *chunk.shape[1:]), dtype=np.float32)
+        state.queue[ids] = chunk
+        state.chunk_step[ids] = state.step
+        state.refill_step = int(state.chunk_step.min()) + self.n_action_steps
 
-    def _stacked_history(self, ids: np.ndarray) -> dict[str, Tensor]:
+    def _stacked_history(self, state: _ActingState, ids: np.ndarray) -> dict[str, Tensor]:
         """`{key: (b, n_obs_steps, ...)}` for the envs `ids`, oldest first.
 
         History slots from before an env's reset (or before its first step) repeat its first observation
         since then.
         """
-        n_kept = len(self._history)
-        n_valid = np.minimum(self._n_seen[ids], n_kept)
+        n_kept = len(state.history)
+        n_valid = np.minimum(state.step - state.first_step[ids] + 1, n_kept)  # observations since reset
         # (b, n_obs_steps): the kept observation each slot takes, clamped to the env's first valid one.
         source = np.maximum(
             np.arange(self.n_obs_steps) + n_kept - self.n_obs_steps, (n_kept - n_valid)[:, None]
         )
         history = {}
-        for key in self._history[-1]:
-            stacked = torch.stack([entry[key] for entry in self._history], dim=1)  # (B, n_kept, ...)
-            rows = torch.from_numpy(ids).to(stacked.device)
-            history[key] = stacked[rows[:, None], torch.from_numpy(source).to(stacked.device)]
+        for key in state.history[-1]:
+            value = torch.stack([entry[key] for entry in state.history], dim=1)  # (B, n_kept, ...)
+            if ids.size < value.shape[0]:
+                value = value[torch.from_numpy(ids).to(value.device)]
+            if n_valid.min() < self.n_obs_steps:  # some history is shorter than n_obs_steps: pad it
+                rows = torch.arange(ids.size, device=value.device)[:, None]
+                value = value[rows, torch.from_numpy(source).to(value.device)]
+            history[key] = value
         return history
+
+
+# `chunk_step` of an env with an empty queue: far enough in the past that its queue reads as used up.
+_NO_CHUNK = -(2**40)
+
+
+@dataclass
+class _ActingState:
+    """Per-env history and queue of `Policy.select_action`, counted in `select_action` calls (steps).
+
+    A plain object rather than module attributes, because `nn.Module.__setattr__` runs type checks on
+    every write and a step writes here.
+    """
+
+    history: deque[dict[str, Tensor]]  # the last n_obs_steps observations, newest last, each (B, ...)
+    step: int = 0  # index of the next select_action call
+    batch_size: int = 0  # known at the first call
+    queue: np.ndarray | None = None  # (B, n_action_steps, action_dim) on the host
+    first_step: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # (B,) since reset
+    chunk_step: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # (B,) queued at
+    refill_step: int = 0  # first step at which some env's queue is used up
