@@ -11,10 +11,21 @@ from omegaconf import OmegaConf
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from lerobot.config import ConfigError, EnvConfig, FeatureConfig
+from lerobot.cli import compose_config
+from lerobot.config import ConfigError, EnvConfig, FeatureConfig, env_config
+from lerobot.policies.diffusion import fast_inference
 from lerobot.policies.diffusion.configuration import DiffusionConfig
-from lerobot.policies.diffusion.modeling import DiffusionPolicy, edge_pad_actions
-from lerobot.policies.diffusion.unet import TemporalConv1d, TemporalUpsample1d
+from lerobot.policies.diffusion.fast_inference import (
+    INT8_MAX_ROWS,
+    FastInferenceConfig,
+    PreparedLinear,
+    _TimeConv,
+    _Upsample,
+    fast_inference_context,
+    quantize_int8,
+)
+from lerobot.policies.diffusion.modeling import ChunkNetworks, DiffusionPolicy, edge_pad_actions
+from lerobot.policies.diffusion.unet import ConditionalUnet1D, TemporalConv1d, TemporalUpsample1d
 from lerobot.policies.diffusion.vision import (
     AutocastFriendlyConv2d,
     RgbEncoder,
@@ -23,6 +34,7 @@ from lerobot.policies.diffusion.vision import (
     random_crop,
 )
 from lerobot.policies.factory import make_policy, make_policy_config
+from lerobot.training.checkpoint import load_config
 
 STATE = FeatureConfig(shape=[2], kind="state", low=[0.0, 0.0], high=[512.0, 512.0])
 ACTION = FeatureConfig(shape=[2], kind="action", low=[0.0, 0.0], high=[512.0, 512.0])
@@ -270,6 +282,10 @@ def test_wrong_history_length_is_rejected():
 class OracleUnet(nn.Module):
     """Predicts the exact noise for known clean actions `target` (B, horizon, A): a perfect denoiser."""
 
+    # The sampler's interface of the U-Net, around the oracle's `forward`.
+    condition = ConditionalUnet1D.condition
+    denoise = ConditionalUnet1D.denoise
+
     def __init__(self, scheduler, target: Tensor):
         super().__init__()
         self.alphas_cumprod = scheduler.alphas_cumprod
@@ -330,13 +346,14 @@ def test_generator_makes_chunks_reproducible_and_ddpm_is_stochastic():
     assert not torch.allclose(a, c)
 
 
-def test_inference_autocast_stays_close_to_fp32():
+def test_bf16_autocast_stays_close_to_fp32():
     config = keypoint_config(inference_scheduler="DDIM", num_inference_steps=5)
     policy = DiffusionPolicy(config, stats_for(config)).eval()
     obs = obs_batch(config, 4)
     fp32 = policy.predict_action_chunk(obs, generator=torch.Generator().manual_seed(0))
-    policy.config.inference_autocast = True
-    bf16 = policy.predict_action_chunk(obs, generator=torch.Generator().manual_seed(0))
+    policy.config.inference.dtype = "bfloat16"
+    with fast_inference_context(policy):
+        bf16 = policy.predict_action_chunk(obs, generator=torch.Generator().manual_seed(0))
     assert bf16.dtype == torch.float32
     # bf16 keeps ~3 significant digits; in [0, 512] pixel units a few pixels of drift is the expected scale.
     assert (bf16 - fp32).abs().max() < 10.0
@@ -458,7 +475,14 @@ def test_overfits_a_few_samples_and_reproduces_their_actions():
         ).abs().mean()
 
 
-# ---------------------------------------------------------------------- fast inference path
+# ---------------------------------------------------------------------- fast inference layer
+# The plan's fp32 reformulation differs from the modules by rounding, which the sampler amplifies to a few
+# millionths of the action range on the x86-64 CPUs we ran (Intel with AMX, AMD without). The tolerance is
+# 1e-5 of the range (0.005 of 512 px); a formulation mistake (a tap, a bias, a FiLM slice) moves actions
+# by pixels.
+FP32_ATOL = 1e-5 * (ACTION.high[0] - ACTION.low[0])
+
+
 def _perturbed(policy: DiffusionPolicy) -> DiffusionPolicy:
     """Weights away from their initialization (zero-initialized biases would hide layout mistakes)."""
     torch.manual_seed(5)
@@ -466,6 +490,17 @@ def _perturbed(policy: DiffusionPolicy) -> DiffusionPolicy:
         for p in policy.parameters():
             p.add_(0.05 * torch.randn_like(p))
     return policy.eval()
+
+
+def chunk_of(policy: DiffusionPolicy, obs: dict[str, Tensor], seed: int = 0) -> Tensor:
+    return policy.predict_action_chunk(obs, generator=torch.Generator().manual_seed(seed))
+
+
+def layer_chunk(policy: DiffusionPolicy, obs: dict[str, Tensor], **options) -> Tensor:
+    """A chunk generated inside `fast_inference_context` with `policy.config.inference` set to `options`."""
+    policy.config.inference = FastInferenceConfig(**options)
+    with fast_inference_context(policy):
+        return chunk_of(policy, obs)
 
 
 @pytest.mark.parametrize(
@@ -482,22 +517,18 @@ def test_fast_path_fp32_equals_the_modules(make_config, overrides):
     config = make_config(**overrides)
     policy = _perturbed(DiffusionPolicy(config, stats_for(config)))
     obs = obs_batch(config, 3)
-    reference = policy.predict_action_chunk(obs, generator=torch.Generator().manual_seed(0))
-    policy.config.inference_fast_path = True
-    fast = policy.predict_action_chunk(obs, generator=torch.Generator().manual_seed(0))
-    torch.testing.assert_close(fast, reference, atol=1e-3, rtol=0)  # in [0, 512] action units
+    reference = chunk_of(policy, obs)
+    fast = layer_chunk(policy, obs, fast=True)
+    torch.testing.assert_close(fast, reference, atol=FP32_ATOL, rtol=0)
 
 
 def test_fast_path_bf16_stays_close_to_fp32():
     config = image_config(inference_scheduler="DDIM", num_inference_steps=5)
     policy = _perturbed(DiffusionPolicy(config, stats_for(config)))
     obs = obs_batch(config, 4)
-    fp32 = policy.predict_action_chunk(obs, generator=torch.Generator().manual_seed(0))
-    policy.config.inference_autocast = True
-    autocast = policy.predict_action_chunk(obs, generator=torch.Generator().manual_seed(0))
-    policy.config.inference_autocast = False
-    policy.config.inference_fast_path, policy.config.inference_dtype = True, "bfloat16"
-    bf16 = policy.predict_action_chunk(obs, generator=torch.Generator().manual_seed(0))
+    fp32 = chunk_of(policy, obs)
+    autocast = layer_chunk(policy, obs, dtype="bfloat16")
+    bf16 = layer_chunk(policy, obs, fast=True, dtype="bfloat16")
     assert bf16.dtype == torch.float32 and not torch.equal(bf16, fp32)
     # bf16 keeps ~3 significant digits. This untrained, perturbed network amplifies rounding more than a
     # trained one (docs/benchmarks.md has the trained policy's figures): in [0, 512] pixel units, a mean of
@@ -507,8 +538,6 @@ def test_fast_path_bf16_stays_close_to_fp32():
 
 
 def test_int8_quantization_error_is_bounded():
-    from lerobot.policies.diffusion.inference import quantize_int8
-
     torch.manual_seed(0)
     weight = torch.randn(6, 32)
     weight[1, 3] = 40.0  # an outlier only coarsens its own row's scale
@@ -522,8 +551,6 @@ def test_int8_quantization_error_is_bounded():
 
 
 def test_int8_weights_are_read_by_matmuls_with_few_rows_only():
-    from lerobot.policies.diffusion.inference import INT8_MAX_ROWS, PreparedLinear, quantize_int8
-
     torch.manual_seed(0)
     weight, bias = torch.randn(24, 48), torch.randn(24)
     bf16 = PreparedLinear(weight, bias, torch.bfloat16)
@@ -547,16 +574,11 @@ def test_fast_path_int8_weights_stay_close_to_fp32():
     policy = _perturbed(DiffusionPolicy(config, stats_for(config)))
 
     def chunks(**options) -> list[Tensor]:
-        for key, value in options.items():
-            setattr(policy.config, key, value)
-        return [
-            policy.predict_action_chunk(obs_batch(config, b), generator=torch.Generator().manual_seed(0))
-            for b in (1, 2)
-        ]
+        return [layer_chunk(policy, obs_batch(config, b), **options) for b in (1, 2)]
 
     fp32 = chunks()
-    bf16 = chunks(inference_fast_path=True, inference_dtype="bfloat16")
-    int8 = chunks(inference_int8_weights=True)
+    bf16 = chunks(fast=True, dtype="bfloat16")
+    int8 = chunks(fast=True, dtype="bfloat16", int8_weights=True)
     assert not torch.equal(int8[0], bf16[0]) and torch.equal(int8[1], bf16[1])
     # int8 per-channel weights carry ~2-3x bf16's rounding error on the layers that use them.
     error, bf16_error = (int8[0] - fp32[0]).abs().mean(), (bf16[0] - fp32[0]).abs().mean()
@@ -564,8 +586,6 @@ def test_fast_path_int8_weights_stay_close_to_fp32():
 
 
 def test_plan_layers_equal_their_modules():
-    from lerobot.policies.diffusion.inference import _TimeConv, _Upsample
-
     torch.manual_seed(0)
     x = torch.randn(3, 6, 8)  # (B, C, T)
     for conv in (
@@ -583,130 +603,184 @@ def test_plan_layers_equal_their_modules():
         _Upsample(nn.ConvTranspose1d(6, 6, 3, stride=2), torch.float32, prepack=False)
 
 
-def test_inference_plan_follows_the_weights(tmp_path):
-    """The plan is a cache of the weights: rebuilt after an optimizer step, a load, a mode switch."""
-    config = keypoint_config(inference_fast_path=True, inference_scheduler="DDIM", num_inference_steps=3)
+def test_fast_inference_context_uses_the_weights_at_its_entry(tmp_path):
+    """The plan is built from the weights when the `with` starts and dropped when it ends: the plain model
+    is back afterwards, and the next `with` sees weights changed in between (training, a load)."""
+    config = keypoint_config(inference_scheduler="DDIM", num_inference_steps=3)
     policy = _perturbed(DiffusionPolicy(config, stats_for(config)))
     obs = obs_batch(config, 2)
+    plain = chunk_of(policy, obs)
+    with fast_inference_context(policy):  # the defaults: the modules, as they are
+        assert policy.chunk_networks is None
+        assert torch.equal(chunk_of(policy, obs), plain)
 
-    def chunk() -> Tensor:
-        return policy.predict_action_chunk(obs, generator=torch.Generator().manual_seed(0))
+    policy.config.inference = FastInferenceConfig(fast=True)
+    with fast_inference_context(policy):
+        assert policy.chunk_networks is not None
+        first = chunk_of(policy, obs)
+    assert policy.chunk_networks is None and torch.equal(chunk_of(policy, obs), plain)
+    torch.testing.assert_close(first, plain, atol=FP32_ATOL, rtol=0)
 
-    def modules_chunk() -> Tensor:
-        policy.config.inference_fast_path = False
-        try:
-            return chunk()
-        finally:
-            policy.config.inference_fast_path = True
-
-    first = chunk()
-    plan = policy.inference_plan()
-    assert policy.inference_plan() is plan  # cached
-    # An optimizer step changes the weights in place: the next chunk sees them.
+    # An optimizer step between two evaluations: the next `with` runs the new weights.
     policy.train()
     optimizer = torch.optim.SGD(policy.parameters(), lr=0.5)
     policy(train_batch(config, 4))["loss"].backward()
     optimizer.step()
     policy.eval()
-    after_step = chunk()
+    with fast_inference_context(policy):
+        after_step = chunk_of(policy, obs)
     assert not torch.allclose(after_step, first)
-    torch.testing.assert_close(after_step, modules_chunk(), atol=1e-3, rtol=0)
-    # Loading other weights (e.g. a checkpoint) replaces the plan too.
+    torch.testing.assert_close(after_step, chunk_of(policy, obs), atol=FP32_ATOL, rtol=0)
+
+    # Loading other weights (e.g. a checkpoint) into another policy: its `with` runs those.
     save_file(policy.state_dict(), tmp_path / "model.safetensors")
-    other = _perturbed(DiffusionPolicy(config, stats_for(config)))
+    other = _perturbed(DiffusionPolicy(replace(config), stats_for(config)))
     other.load_state_dict(load_file(tmp_path / "model.safetensors"))
-    torch.testing.assert_close(
-        other.predict_action_chunk(obs, generator=torch.Generator().manual_seed(0)),
-        after_step,
-        atol=1e-4,
-        rtol=0,
-    )
-    # Writes through `.data` (EMA swaps) are invisible to the fingerprint: eval() drops the plan.
-    for p in policy.parameters():
-        p.data.mul_(0.9)
-    policy.eval()
-    torch.testing.assert_close(chunk(), modules_chunk(), atol=1e-3, rtol=0)
+    with fast_inference_context(other):
+        torch.testing.assert_close(chunk_of(other, obs), after_step, atol=1e-4, rtol=0)
+
+    # An error inside the `with` still gives the plain model back.
+    with pytest.raises(RuntimeError, match="boom"), fast_inference_context(policy):
+        raise RuntimeError("boom")
+    assert policy.chunk_networks is None
 
 
 def test_inference_options_leave_the_state_dict_alone():
-    config = image_config()
-    plain = DiffusionPolicy(config, stats_for(config))
-    fast = DiffusionPolicy(
-        image_config(inference_fast_path=True, inference_dtype="bfloat16"), stats_for(config)
-    )
-    fast.eval().predict_action_chunk(obs_batch(config, 1))  # builds the plan
-    assert {k: v.shape for k, v in fast.state_dict().items()} == {
-        k: v.shape for k, v in plain.state_dict().items()
-    }
-    assert all(p.dtype == torch.float32 for p in fast.parameters())
+    config = image_config(inference=FastInferenceConfig(fast=True, dtype="bfloat16"))
+    policy = DiffusionPolicy(config, stats_for(config)).eval()
+    before = {k: v.clone() for k, v in policy.state_dict().items()}
+    with fast_inference_context(policy):
+        policy.predict_action_chunk(obs_batch(config, 1))
+        inside = policy.state_dict()
+    for state in (inside, policy.state_dict()):
+        assert state.keys() == before.keys()
+        assert all(torch.equal(state[k], v) and state[k].dtype == v.dtype for k, v in before.items())
+    assert all(p.dtype == torch.float32 for p in policy.parameters())
+
+
+def _plan_tensors(networks: ChunkNetworks) -> list[Tensor]:
+    """Every tensor the plan behind `networks` holds: parameters, buffers, prepacked weights, caches."""
+    unet, encoder = networks.denoiser, networks.encoder
+    modules = [*unet.modules()]
+    if encoder is not None:
+        modules += [*encoder.backbone.modules(), *encoder.pool.modules(), *encoder.out.modules()]
+    tensors = [*unet._step_film.values()]
+    for module in modules:
+        tensors += [*module.parameters(recurse=False), *module.buffers(recurse=False)]
+        tensors += [value for value in vars(module).values() if isinstance(value, Tensor)]
+    return tensors
+
+
+@pytest.mark.parametrize("make_config", [image_config, keypoint_config])
+def test_plan_lives_on_the_device_of_the_weights(make_config):
+    """Built and run with another default device (`meta` stands in for a GPU), the plan of CPU weights
+    puts nothing on the default device: every tensor follows the weights, and the chunk is still right."""
+    config = make_config(inference_scheduler="DDIM", num_inference_steps=3)
+    config.inference = FastInferenceConfig(fast=True, dtype="bfloat16", int8_weights=True)
+    policy = _perturbed(DiffusionPolicy(config, stats_for(config)))
+    obs = obs_batch(config, 1)
+    expected = layer_chunk(policy, obs, **vars(config.inference))
+    torch.set_default_device("meta")
+    try:
+        with fast_inference_context(policy):
+            chunk = chunk_of(policy, obs)
+            plan_tensors = _plan_tensors(policy.chunk_networks)
+    finally:
+        torch.set_default_device(None)
+    assert {t.device for t in plan_tensors} == {torch.device("cpu")}
+    assert torch.equal(chunk, expected)
 
 
 @pytest.mark.parametrize(
-    ("overrides", "message"),
+    ("options", "message"),
     [
-        (dict(inference_dtype="float16"), "inference_dtype='float16'"),
-        (dict(inference_compile=True), "set policy.inference_fast_path=true"),
-        (dict(inference_autocast=True, inference_fast_path=True), "use policy.inference_dtype=bfloat16"),
-        (dict(inference_int8_weights=True), "applies to the bf16 fast path"),
-        (
-            dict(inference_int8_weights=True, inference_fast_path=True, inference_dtype="float32"),
-            "policy.inference_dtype=bfloat16",
-        ),
+        (dict(dtype="float16"), "policy.inference.dtype='float16'"),
+        (dict(compile=True), "compiles the fast path: set policy.inference.fast=true"),
+        (dict(int8_weights=True, dtype="bfloat16"), "fast-path option: set policy.inference.fast=true"),
+        (dict(int8_weights=True, fast=True), "int8_weights=true needs policy.inference.dtype=bfloat16"),
     ],
 )
-def test_inference_config_errors(overrides, message):
+def test_inference_config_errors(options, message):
     with pytest.raises(ConfigError, match=message):
-        image_config(**overrides).validate()
+        image_config(inference=FastInferenceConfig(**options)).validate()
+
+
+# The flat keys a run config held before `policy.inference` was a section, at their defaults.
+OLD_INFERENCE_KEYS = dict(
+    inference_dtype="float32",
+    inference_fast_path=False,
+    inference_compile=False,
+    inference_int8_weights=False,
+    inference_autocast=False,
+)
+
+
+@pytest.mark.parametrize(
+    ("old_keys", "expected"),
+    [
+        (dict(), FastInferenceConfig()),
+        (dict(inference_fast_path=True), FastInferenceConfig(fast=True)),
+        (
+            dict(
+                inference_fast_path=True,
+                inference_dtype="bfloat16",
+                inference_int8_weights=True,
+                inference_compile=True,
+            ),
+            FastInferenceConfig(fast=True, dtype="bfloat16", int8_weights=True, compile=True),
+        ),
+        (dict(inference_autocast=True), FastInferenceConfig(dtype="bfloat16")),
+    ],
+)
+def test_checkpoint_config_with_the_old_inference_keys_loads(tmp_path, old_keys, expected):
+    """A checkpoint's `config.yaml` written before `policy.inference` existed loads, its settings moved."""
+    cfg = OmegaConf.to_container(compose_config(["policy=diffusion", "env=pusht_keypoints"]))
+    del cfg["policy"]["inference"]
+    cfg["policy"].update({**OLD_INFERENCE_KEYS, **old_keys})
+    OmegaConf.save(OmegaConf.create(cfg), tmp_path / "config.yaml")
+    loaded = load_config(tmp_path)
+    assert not set(OLD_INFERENCE_KEYS) & set(loaded.policy)
+    assert make_policy_config(loaded.policy, env_config(loaded)).inference == expected
 
 
 def test_compiled_fast_path_keeps_its_matmul_kernels(monkeypatch):
     """Compiled, the plan's matmuls still run `PreparedLinear.matmul` (int8 where the rows allow), once per
     layer per U-Net step, and the chunk is as close to fp32 as the eager plan's (not equal to it: inductor
     fuses the ops between the matmuls and rounds to bf16 once where eager rounds after every op), also at
-    a second batch size (a graph with a dynamic batch, as refill evaluation needs). ~0.5-1.5 min on 2 cores."""
-    from lerobot.policies.diffusion import inference
-
-    config = keypoint_config(
-        down_dims=[32, 64],
-        horizon=8,
-        inference_scheduler="DDIM",
-        num_inference_steps=2,
-        inference_fast_path=True,
-        inference_dtype="bfloat16",
-        inference_int8_weights=True,
-    )
+    a second batch size (a graph with a dynamic batch, as refill evaluation needs). Compiling takes most
+    of this test's time."""
+    config = keypoint_config(down_dims=[32, 64], horizon=8, inference_scheduler="DDIM", num_inference_steps=2)
     policy = _perturbed(DiffusionPolicy(config, stats_for(config)))
-
-    def chunk(batch: int = 1) -> Tensor:
-        obs = obs_batch(config, batch)
-        return policy.predict_action_chunk(obs, generator=torch.Generator().manual_seed(0))
-
-    policy.config.inference_fast_path = False
-    fp32, fp32_b3 = chunk(), chunk(3)
-    policy.config.inference_fast_path = True
-    eager, eager_b3 = chunk(), chunk(3)
+    obs, obs_b3 = obs_batch(config, 1), obs_batch(config, 3)
+    fp32, fp32_b3 = chunk_of(policy, obs), chunk_of(policy, obs_b3)
+    options = dict(fast=True, dtype="bfloat16", int8_weights=True)
+    eager, eager_b3 = layer_chunk(policy, obs, **options), layer_chunk(policy, obs_b3, **options)
     rows_seen: list[int] = []
-    matmul = inference.PreparedLinear.matmul
+    matmul = PreparedLinear.matmul
 
     def counted(self, x):
         rows_seen.append(x.shape[0])
         return matmul(self, x)
 
-    monkeypatch.setattr(inference.PreparedLinear, "matmul", counted)
-    policy.config.inference_compile = True
-    compiled = chunk()
-    assert policy.inference_plan().unet.compiled is not None
-    rows_seen.clear()
-    again = chunk()  # compiled already: no tracing, only the graph's calls
-    layers = [m for m in policy.inference_plan().unet.modules() if isinstance(m, inference.PreparedLinear)]
-    assert len(rows_seen) == 2 * len(layers)
-    assert min(rows_seen) <= inference.INT8_MAX_ROWS  # the deepest level reads its int8 weights
-    assert torch.equal(compiled, again)
-    error, eager_error = (compiled - fp32).abs().mean(), (eager - fp32).abs().mean()
-    assert error < 1.5 * eager_error + 0.1, (error, eager_error)  # actions in [0, 512]
-    chunk(2)  # compiles the graph with a dynamic batch, which serves batch 3 below
-    rows_seen.clear()
-    compiled_b3 = chunk(3)
-    assert len(rows_seen) == 2 * len(layers) and min(rows_seen) > inference.INT8_MAX_ROWS
+    monkeypatch.setattr(fast_inference.PreparedLinear, "matmul", counted)
+    policy.config.inference = FastInferenceConfig(**options, compile=True)
+    with fast_inference_context(policy):
+        unet = policy.chunk_networks.denoiser
+        assert unet.compiled is not None
+        compiled = chunk_of(policy, obs)
+        rows_seen.clear()
+        again = chunk_of(policy, obs)  # compiled already: no tracing, only the graph's calls
+        layers = [m for m in unet.modules() if isinstance(m, PreparedLinear)]
+        assert len(rows_seen) == 2 * len(layers)
+        assert min(rows_seen) <= INT8_MAX_ROWS  # the deepest level reads its int8 weights
+        assert torch.equal(compiled, again)
+        error, eager_error = (compiled - fp32).abs().mean(), (eager - fp32).abs().mean()
+        assert error < 1.5 * eager_error + 0.1, (error, eager_error)  # actions in [0, 512]
+        chunk_of(
+            policy, obs_batch(config, 2)
+        )  # compiles the graph with a dynamic batch, which serves batch 3
+        rows_seen.clear()
+        compiled_b3 = chunk_of(policy, obs_b3)
+    assert len(rows_seen) == 2 * len(layers) and min(rows_seen) > INT8_MAX_ROWS
     error, eager_error = (compiled_b3 - fp32_b3).abs().mean(), (eager_b3 - fp32_b3).abs().mean()
     assert error < 1.5 * eager_error + 0.1, (error, eager_error)

@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from lerobot.config import ConfigError
 from lerobot.constants import ACTION_KIND, ENV_STATE, STATE, VISUAL
 from lerobot.policies.config import OFFLINE, PolicyConfig
+from lerobot.policies.diffusion.fast_inference import FastInferenceConfig
 from lerobot.policies.normalize import MEAN_STD, MIN_MAX, NORMALIZATION_MODES
 
 SCHEDULERS = ("DDPM", "DDIM")
-INFERENCE_DTYPES = ("float32", "bfloat16")
 
 
 def _default_normalization() -> dict[str, str]:
@@ -76,25 +76,9 @@ class DiffusionConfig(PolicyConfig):
     # Inference: "DDPM" or "DDIM" (deterministic, eta=0) with `num_inference_steps` (None = num_train_timesteps).
     inference_scheduler: str = "DDPM"
     num_inference_steps: int | None = None
-    # Chunk generation speed (see docs/benchmarks.md); none of these changes the weights or the state dict.
-    # inference_dtype: "float32" or "bfloat16", the dtype the networks compute in when generating a chunk
-    # (bf16 uses AMX on CPUs that have it); the sampler's arithmetic stays fp32.
-    inference_dtype: str = "float32"
-    # True: generate chunks with `InferencePlan` (inference.py): weights cast and prepacked once, time-major
-    # matmuls, FiLM of the observations hoisted out of the denoising loop. False: the training modules (in
-    # bf16 they then run under autocast).
-    inference_fast_path: bool = False
-    # torch.compile the U-Net step of the fast path (inductor fuses the small ops between the matmuls, which
-    # keep their prepared kernels). The first chunk compiles (~0.5-1 min on 2 cores), and once more at the
-    # second batch size seen: a graph with a dynamic batch, which then serves every batch size.
-    inference_compile: bool = False
-    # Fast path in bf16 on CPU: also keep the U-Net weights in int8 (one scale per output channel) and read
-    # them in the matmuls with at most 4 rows (batch 1's deepest levels), which are bound by weight bytes.
-    # Changes actions slightly more than bf16 alone (docs/benchmarks.md); keeps a second, int8 weight copy.
-    inference_int8_weights: bool = False
-    # Older spelling of `inference_dtype: bfloat16` (bf16 autocast over the training modules); kept so that
-    # existing configs and checkpoints load.
-    inference_autocast: bool = False
+    # How chunks are generated at evaluation (`policy.inference.fast=true ...`): an opt-in layer applied by
+    # `fast_inference_context`; it never changes the weights or the checkpoint.
+    inference: FastInferenceConfig = field(default_factory=FastInferenceConfig)
 
     # Loss: ignore the U-Net's error on padded actions (past the episode's end).
     do_mask_loss_for_padding: bool = True
@@ -132,11 +116,6 @@ class DiffusionConfig(PolicyConfig):
         """Batch key of the action feature."""
         (key,) = self.output_features
         return key
-
-    @property
-    def n_predicted_actions(self) -> int:
-        """Length of the chunk `predict_action_chunk` returns: the horizon from the current step on."""
-        return self.horizon - self.n_obs_steps + 1
 
     def _single_vector(self, kind: str) -> tuple[str, int] | None:
         found = [(k, f) for k, f in self.input_features.items() if f.kind == kind]
@@ -209,26 +188,7 @@ class DiffusionConfig(PolicyConfig):
         ):
             if value not in allowed:
                 raise ConfigError(f"policy.{key}={value!r}: expected one of {allowed}")
-        if self.inference_dtype not in INFERENCE_DTYPES:
-            raise ConfigError(
-                f"policy.inference_dtype={self.inference_dtype!r}: expected one of {INFERENCE_DTYPES}"
-            )
-        if self.inference_compile and not self.inference_fast_path:
-            raise ConfigError(
-                "policy.inference_compile=true compiles the fast path: set policy.inference_fast_path=true"
-            )
-        if self.inference_int8_weights and (
-            not self.inference_fast_path or self.inference_dtype != "bfloat16"
-        ):
-            raise ConfigError(
-                "policy.inference_int8_weights=true applies to the bf16 fast path: set "
-                "policy.inference_fast_path=true policy.inference_dtype=bfloat16"
-            )
-        if self.inference_autocast and self.inference_fast_path:
-            raise ConfigError(
-                "policy.inference_autocast applies to the module path only; with policy.inference_fast_path=true "
-                "use policy.inference_dtype=bfloat16"
-            )
+        self.inference.validate()
         if self.num_train_timesteps < 1:
             raise ConfigError(f"policy.num_train_timesteps={self.num_train_timesteps} must be >= 1")
         if (

@@ -5,8 +5,9 @@ dataset sample and regress the noise (epsilon prediction) with the 1-D U-Net, co
 the last `n_obs_steps` observations.
 
 Inference (`predict_action_chunk`): start from Gaussian noise `(B, horizon, A)` and denoise it step by step
-(DDPM, or DDIM with fewer steps) under the same conditioning; unnormalize. With `inference_fast_path` the
-networks run as an `inference.InferencePlan` built from the same weights (bf16 with `inference_dtype`).
+(DDPM, or DDIM with fewer steps) under the same conditioning; unnormalize. The networks a chunk runs are
+`chunk_networks` (`ChunkNetworks`): by default the modules themselves; an equivalent form of them (same
+weights, other kernels) can stand in at evaluation.
 
 Alignment of the action horizon with the observation history (n_obs_steps = 2, horizon = 16, at step t):
 
@@ -24,6 +25,8 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import einops
 import torch
@@ -32,7 +35,6 @@ from torch import Tensor, nn
 
 from lerobot.constants import ACTION_IS_PAD
 from lerobot.policies.diffusion.configuration import DiffusionConfig
-from lerobot.policies.diffusion.inference import INFERENCE_DTYPES, InferencePlan
 from lerobot.policies.diffusion.unet import ConditionalUnet1D
 from lerobot.policies.diffusion.vision import RgbEncoder
 from lerobot.policies.normalize import Normalize, Unnormalize
@@ -69,6 +71,34 @@ def edge_pad_actions(actions: Tensor, is_pad: Tensor) -> Tensor:
     return torch.gather(actions, 1, einops.repeat(source, "b t -> b t a", a=actions.shape[-1]))
 
 
+class Denoiser(Protocol):
+    """The U-Net as the sampler calls it (`ConditionalUnet1D` is one): `condition` once per chunk, then
+    `denoise` at every step."""
+
+    def condition(self, global_cond: Tensor, timesteps: Tensor) -> Any:
+        """What the steps of one chunk share, from `global_cond` (B, G) and the scheduler's `timesteps`."""
+        ...
+
+    def denoise(self, sample: Tensor, conditioning: Any, index: int) -> Tensor:
+        """The prediction (B, T, A) for `sample` (B, T, A) at the `index`-th of the chunk's timesteps."""
+        ...
+
+
+@dataclass(frozen=True)
+class ChunkNetworks:
+    """What `predict_action_chunk` runs instead of the policy's own modules, when set as `chunk_networks`.
+
+    Attributes:
+        encoder: images `(N, C, H, W)` -> features `(N, F)`; None: the policy's `rgb_encoder`.
+        denoiser: the U-Net's stand-in.
+        context: what both run inside during one chunk, e.g. an autocast (entered once per chunk).
+    """
+
+    encoder: Callable[[Tensor], Tensor] | None
+    denoiser: Denoiser
+    context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+
+
 class DiffusionPolicy(Policy):
     """Diffusion Policy with a conditional 1-D U-Net, for image or low-dimensional (keypoint) observations.
 
@@ -81,6 +111,9 @@ class DiffusionPolicy(Policy):
     Attributes:
         generator: optional `torch.Generator` for the inference noise, used when `predict_action_chunk` gets
             none (so `select_action` through the base class is reproducible too).
+        chunk_networks: None (the default): chunks run the policy's modules. Set, chunks run its
+            networks, which must compute the same function of the same weights (e.g. a form prepared for
+            fast inference); they are not submodules, so neither the state dict nor `.to()` sees them.
     """
 
     def __init__(
@@ -90,6 +123,7 @@ class DiffusionPolicy(Policy):
         super().__init__(n_obs_steps=config.n_obs_steps, n_action_steps=config.n_action_steps)
         self.config = config
         self.generator: torch.Generator | None = None
+        self.chunk_networks: ChunkNetworks | None = None
 
         self.normalize_inputs = Normalize(config.input_features, config.normalization_mapping, dataset_stats)
         self.normalize_targets = Normalize(
@@ -120,10 +154,6 @@ class DiffusionPolicy(Policy):
         )
         self.noise_scheduler = make_noise_scheduler(config, config.noise_scheduler_type)
         self._inference_schedulers: dict[str, DDPMScheduler | DDIMScheduler] = {}
-        self._plan: InferencePlan | None = None
-        self._plan_key: tuple | None = None
-        # Any load of weights may change them: drop the inference plan built from the old ones.
-        self.register_load_state_dict_post_hook(lambda module, keys: module.clear_inference_plan())
 
     # ------------------------------------------------------------------ conditioning
     def _check_obs(self, batch: Mapping[str, Tensor]) -> None:
@@ -200,62 +230,6 @@ class DiffusionPolicy(Policy):
 
     # ------------------------------------------------------------------ inference
     @property
-    def _inference_dtype(self) -> torch.dtype:
-        name = "bfloat16" if self.config.inference_autocast else self.config.inference_dtype
-        return INFERENCE_DTYPES[name]
-
-    def _autocast(self, device: torch.device) -> contextlib.AbstractContextManager:
-        """bf16 autocast for the module path when `inference_dtype` (or `inference_autocast`) asks for it."""
-        if self._inference_dtype == torch.float32:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=device.type, dtype=self._inference_dtype)
-
-    def _weights_fingerprint(self) -> tuple:
-        # In-place updates (optimizer steps, `load_state_dict`, `copy_` under no_grad) bump `_version`;
-        # replacing a tensor changes `data_ptr`. Writes through `.data` do neither: see `inference_plan`.
-        return tuple((p.data_ptr(), p._version) for p in self.parameters())
-
-    def inference_plan(self) -> InferencePlan:
-        """The fast path's networks (`inference.InferencePlan`), built on first use and cached.
-
-        The cache is dropped by `train()` / `eval()`, `load_state_dict`, `.to()` and every other `_apply`,
-        and rebuilt when a parameter changed in place (optimizer step, `copy_`). Writes through `.data`
-        (as EMA helpers do when swapping weights) are not seen: call `clear_inference_plan()` (or `eval()`)
-        after them; evaluation loops call `eval()` first anyway.
-        """
-        cfg = self.config
-        key = (
-            cfg.inference_dtype,
-            cfg.inference_compile,
-            cfg.inference_int8_weights,
-            self._weights_fingerprint(),
-        )
-        if self._plan is None or self._plan_key != key:
-            self._plan = None  # free the old plan's weights before building the new one
-            self._plan = InferencePlan(
-                self.unet,
-                self.rgb_encoder if self.image_keys else None,
-                INFERENCE_DTYPES[cfg.inference_dtype],
-                compile=cfg.inference_compile,
-                int8_weights=cfg.inference_int8_weights,
-            )
-            self._plan_key = key
-        return self._plan
-
-    def clear_inference_plan(self) -> None:
-        """Drop the cached fast-path weights (rebuilt at the next chunk)."""
-        self._plan = None
-        self._plan_key = None
-
-    def train(self, mode: bool = True) -> DiffusionPolicy:
-        self.clear_inference_plan()
-        return super().train(mode)
-
-    def _apply(self, fn, *args, **kwargs):
-        self.clear_inference_plan()
-        return super()._apply(fn, *args, **kwargs)
-
-    @property
     def inference_noise_scheduler(self) -> DDPMScheduler | DDIMScheduler:
         """The scheduler named by `config.inference_scheduler`, read at every call so that evaluation can
         switch (e.g. `policy.config.inference_scheduler = "DDIM"; policy.config.num_inference_steps = 10`)."""
@@ -265,12 +239,15 @@ class DiffusionPolicy(Policy):
         return self._inference_schedulers[name]
 
     @torch.no_grad()
-    def sample_actions(self, global_cond: Tensor, generator: torch.Generator | None = None) -> Tensor:
+    def sample_actions(
+        self, global_cond: Tensor, generator: torch.Generator | None = None, denoiser: Denoiser | None = None
+    ) -> Tensor:
         """Denoise Gaussian noise into normalized actions `(B, horizon, A)` given `global_cond` `(B, G)`.
 
-        Uses `config.inference_scheduler` with `config.num_inference_steps` (None: num_train_timesteps), and
-        the fast path when `config.inference_fast_path`. The noise, the sample and the scheduler's arithmetic
-        are fp32 in every mode, so the same generator gives the same noise."""
+        Uses `config.inference_scheduler` with `config.num_inference_steps` (None: num_train_timesteps) and
+        `denoiser` (default `self.unet`). The noise, the sample and the scheduler's arithmetic are fp32
+        whatever the denoiser computes in, so the same generator gives the same noise."""
+        denoiser = self.unet if denoiser is None else denoiser
         scheduler = self.inference_noise_scheduler
         num_steps = self.config.num_inference_steps or self.config.num_train_timesteps
         device = global_cond.device
@@ -283,20 +260,10 @@ class DiffusionPolicy(Policy):
         ).to(device)
         scheduler.set_timesteps(num_steps)
         timesteps = scheduler.timesteps  # a CPU tensor: reading a step costs no device sync
-        if self.config.inference_fast_path:
-            plan = self.inference_plan()
-            conditioning = plan.unet.condition(global_cond, timesteps)
-            for i, step in enumerate(timesteps):
-                prediction = plan.unet.denoise(sample, conditioning, i)
-                sample = scheduler.step(prediction, step, sample, generator=generator).prev_sample
-            return sample
-        with self._autocast(device):
-            for step in timesteps:
-                steps = torch.full((sample.shape[0],), int(step), device=device, dtype=torch.long)
-                prediction = self.unet(sample, steps, global_cond)
-                # The sampler's arithmetic (and the sample it accumulates) stays in fp32.
-                with torch.autocast(device_type=device.type, enabled=False):
-                    sample = scheduler.step(prediction.float(), step, sample, generator=generator).prev_sample
+        conditioning = denoiser.condition(global_cond, timesteps)
+        for i, step in enumerate(timesteps):
+            prediction = denoiser.denoise(sample, conditioning, i).float()
+            sample = scheduler.step(prediction, step, sample, generator=generator).prev_sample
         return sample
 
     @torch.no_grad()
@@ -310,16 +277,15 @@ class DiffusionPolicy(Policy):
             generator: seeds the initial noise and the DDPM noise; defaults to `self.generator`.
 
         The denoised horizon starts at the first observation step; index `n_obs_steps - 1` is the current
-        step and is returned as index 0 (see the module docstring).
+        step and is returned as index 0 (see the module docstring). The networks are `chunk_networks` when
+        set, the modules otherwise.
         """
         self._check_obs(batch)
         generator = generator if generator is not None else self.generator
         batch = self.normalize_inputs(batch)
-        if self.config.inference_fast_path:
-            global_cond = self.global_conditioning(batch, self.inference_plan().encoder)
-        else:
-            with self._autocast(batch[self.state_key].device):
-                global_cond = self.global_conditioning(batch)
-        actions = self.sample_actions(global_cond.float(), generator=generator)
+        networks = self.chunk_networks or ChunkNetworks(encoder=None, denoiser=self.unet)
+        with networks.context():
+            global_cond = self.global_conditioning(batch, networks.encoder)
+            actions = self.sample_actions(global_cond.float(), generator, networks.denoiser)
         actions = self.unnormalize_outputs({self.action_key: actions})[self.action_key]
         return actions[:, self.n_obs_steps - 1 :]

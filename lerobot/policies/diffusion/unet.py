@@ -94,7 +94,7 @@ class TemporalUpsample1d(nn.ConvTranspose1d):
     Same parameters (and state dict) as the transposed convolution; the weight `(C_in, C_out, 4)` is used
     as the free view `(C_in, C_out * 4)`, so no per-call weight rearrangement (see
     `interleave_upsample_taps`). Besides running on the matmul kernels, this avoids the CPU's
-    transposed-convolution backward, which is pathologically slow in bf16 (~0.5 s per call at batch 64).
+    transposed-convolution backward, which is pathologically slow in bf16.
     """
 
     def __init__(self, channels: int):
@@ -242,3 +242,14 @@ class ConditionalUnet1D(nn.Module):
             x = torch.cat([x, skips.pop()], dim=1)
             x = upsample(res2(res1(x, cond), cond))
         return einops.rearrange(self.final(x), "b a t -> b t a")
+
+    def condition(self, global_cond: Tensor, timesteps: Tensor) -> tuple[Tensor, Tensor]:
+        """What the denoising steps of one chunk share: here `(global_cond, timesteps)` as given, since the
+        network computes everything per step (an inference form of it may precompute parts here)."""
+        return global_cond, timesteps
+
+    def denoise(self, sample: Tensor, conditioning: tuple[Tensor, Tensor], index: int) -> Tensor:
+        """The prediction for `sample` (B, T, A) at the `index`-th timestep of `condition()`."""
+        global_cond, timesteps = conditioning
+        steps = torch.full((sample.shape[0],), int(timesteps[index]), device=sample.device, dtype=torch.long)
+        return self(sample, steps, global_cond)

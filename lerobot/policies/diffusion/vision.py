@@ -7,12 +7,15 @@ features fire: each of K learned keypoint maps becomes its expected (x, y) image
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import einops
 import torch
 import torchvision
 from torch import Tensor, nn
 
-from lerobot.policies.diffusion.configuration import DiffusionConfig
+if TYPE_CHECKING:
+    from lerobot.policies.diffusion.configuration import DiffusionConfig
 
 
 class SpatialSoftmax(nn.Module):
@@ -62,9 +65,9 @@ def replace_batch_norm(module: nn.Module) -> nn.Module:
 class _Conv2dWeightGradFp32(torch.autograd.Function):
     """A 2-D convolution in a low-precision dtype whose weight gradient is computed in fp32.
 
-    On CPU, PyTorch's bf16 convolution weight gradient is ~30x slower than fp32 (measured here: 1.76 s
-    against 62 ms for a 64-channel 3x3 layer at batch 128), which made bf16 autocast training of the image
-    policy slower than fp32; the forward pass and the input gradient are fast in bf16 and stay there.
+    On CPU, PyTorch's bf16 convolution weight gradient is much slower than fp32's (docs/benchmarks.md), which
+    made bf16 autocast training of the image policy slower than fp32; the forward pass and the input
+    gradient are fast in bf16 and stay there.
     """
 
     @staticmethod

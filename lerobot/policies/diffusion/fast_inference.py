@@ -1,14 +1,20 @@
-"""Fast chunk generation: an inference-only plan of Diffusion Policy's networks, built from their weights.
+"""Fast chunk generation for Diffusion Policy: an opt-in layer over `DiffusionPolicy`, for evaluation.
 
-Training and the reference (`inference_fast_path=false`) run the `nn.Module`s of `unet.py` / `vision.py`.
-`InferencePlan` runs the same computation, reading the same parameters, in a form that suits a CPU with
-few cores (it works on CUDA too):
+Turn it on in the config (`policy.inference.fast=true policy.inference.dtype=bfloat16`, see
+`FastInferenceConfig`) and run evaluation inside `with fast_inference_context(policy):`. At the entry of the
+`with` the layer builds an `InferencePlan` from the policy's current weights and hands it to the policy as
+its `chunk_networks` (the seam `DiffusionPolicy` offers for this); at the exit it takes it back, so the
+plain model is untouched and a change of the weights between two `with`s is seen by the next one. The state
+dict never holds the plan. With `fast=false` and `dtype=bfloat16` the layer runs the policy's own modules
+under bf16 autocast instead.
+
+`InferencePlan` runs the computation of the `nn.Module`s of `unet.py` / `vision.py`, from copies of the same
+parameters, in a form that suits a CPU with few cores (it works on CUDA too):
 
 - **Weights prepared once** in the inference dtype (bf16 uses AMX tiles on CPUs that have them) and, where
   oneDNN is available, pre-reordered into its blocked matmul layout. At batch 1 a U-Net step is a pass over
   all weights (~1 GB in fp32 for the paper's image model): halving the bytes and skipping the per-call
-  reorder is most of the gain. The plan is a cache: the policy rebuilds it when its weights may have
-  changed (see `DiffusionPolicy.inference_plan`).
+  reorder is most of the gain.
 - **Time-major activations** `(B, T, C)`: a convolution's input windows are then `k` consecutive rows of
   memory, so unfolding them into the `(B*T_out, k*C)` matmul operand is one contiguous copy (the
   channel-major layout gathers with stride T). GroupNorm runs on the same memory viewed as a channels-last
@@ -21,29 +27,36 @@ few cores (it works on CUDA too):
   steps in one matmul, and cached); a denoising step only adds the two rows.
 - **Image encoder**: a copy of the ResNet backbone in the inference dtype with channels-last activations;
   the spatial softmax and the final linear layer run in fp32.
-- **Optional int8 weights** (`int8_weights=True`, bf16 on CPU): every U-Net matmul also keeps its weight as
+- **Optional int8 weights** (`int8_weights`, bf16 on CPU): every U-Net matmul also keeps its weight as
   int8 with one bf16 scale per output channel, and a call with at most `INT8_MAX_ROWS` rows (the deepest
   levels at batch 1) reads those instead: half the bytes of a pass that is bound by reading them.
-- **Optional `torch.compile`** of the U-Net step (`compile=True`): each matmul is one opaque operator
+- **Optional `torch.compile`** of the U-Net step (`compile`): each matmul is one opaque operator
   (`prepared_linear`) that keeps its prepared weights and kernel; inductor fuses what lies between them
   (GroupNorm, Mish, FiLM, residual sums, the window copies), ~200 small operators per step in eager, into
   single-threaded kernels.
 
-The sampler's arithmetic (the noisy sample, the scheduler step) stays fp32 in the policy; the plan takes and
-returns fp32.
+Everything the plan builds lives on the device of the weights it is built from. The sampler's arithmetic
+(the noisy sample, the scheduler step) stays fp32 in the policy; the plan takes and returns fp32.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import functools
 import itertools
 import weakref
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import einops
 import torch
+from omegaconf import DictConfig
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from lerobot.config import ConfigError
 from lerobot.policies.diffusion.unet import (
     ConditionalUnet1D,
     FiLMResidualBlock,
@@ -52,12 +65,83 @@ from lerobot.policies.diffusion.unet import (
 )
 from lerobot.policies.diffusion.vision import RgbEncoder, center_crop
 
+if TYPE_CHECKING:
+    from lerobot.policies.diffusion.modeling import DiffusionPolicy
+
 INFERENCE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-# Rows up to which an int8 weight beats the prepacked bf16 one (`aten._weight_int8pack_mm`, whose time
-# grows with the rows, against oneDNN's AMX kernel, bound by the weight bytes). Streaming 16 distinct
-# 2048x10240 layers, ms per layer bf16 / int8: 4 rows 2.3-2.7 / 1.5, 8 rows 2.5-3.0 / 2.6, 16 rows 2.7-3.3
-# / 4.8 (docs/benchmarks.md).
+# Rows up to which an int8 weight beats the prepacked bf16 one: `aten._weight_int8pack_mm`'s time grows
+# with the rows, while oneDNN's AMX kernel is bound by the weight bytes at any small row count
+# (docs/benchmarks.md has the measurements behind the crossover).
 INT8_MAX_ROWS = 4
+
+
+@dataclass
+class FastInferenceConfig:
+    """How a Diffusion Policy generates chunks (`policy.inference.*`); at the defaults, as it trains.
+
+    None of these settings changes the weights or the checkpoint; they take effect inside
+    `fast_inference_context(policy)`.
+
+    Attributes:
+        fast: generate chunks with an `InferencePlan` (weights cast and prepacked once, time-major matmuls,
+            FiLM of the observations hoisted out of the denoising loop) instead of the training modules.
+        dtype: "float32" or "bfloat16", what the networks compute in (the sampler stays fp32). With
+            `fast=false`, bf16 means autocast over the training modules.
+        int8_weights: (bf16 fast path on CPU) also keep the U-Net weights in int8, one scale per output
+            channel, and read them in the matmuls with at most `INT8_MAX_ROWS` rows (batch 1's deepest
+            levels), which are bound by weight bytes. Changes actions slightly more than bf16 alone.
+        compile: `torch.compile` the fast path's U-Net step (inductor fuses the small operators between
+            the matmuls, which keep their prepared kernels). The first chunk compiles, and once more at the
+            second batch size seen: a graph with a dynamic batch, which then serves every batch size.
+    """
+
+    fast: bool = False
+    dtype: str = "float32"
+    int8_weights: bool = False
+    compile: bool = False
+
+    def validate(self) -> None:
+        """Raise `ConfigError` on a combination the layer cannot run."""
+        if self.dtype not in INFERENCE_DTYPES:
+            raise ConfigError(
+                f"policy.inference.dtype={self.dtype!r}: expected one of {tuple(INFERENCE_DTYPES)}"
+            )
+        if self.compile and not self.fast:
+            raise ConfigError(
+                "policy.inference.compile=true compiles the fast path: set policy.inference.fast=true"
+            )
+        if self.int8_weights and not self.fast:
+            raise ConfigError(
+                "policy.inference.int8_weights=true is a fast-path option: set policy.inference.fast=true"
+            )
+        if self.int8_weights and self.dtype != "bfloat16":
+            raise ConfigError("policy.inference.int8_weights=true needs policy.inference.dtype=bfloat16")
+
+
+# Where the policy keys of configs saved before `inference` became a section went.
+_LEGACY_KEYS = {
+    "inference_fast_path": "fast",
+    "inference_dtype": "dtype",
+    "inference_int8_weights": "int8_weights",
+    "inference_compile": "compile",
+}
+
+
+def upgrade_legacy_config(cfg: DictConfig) -> DictConfig:
+    """Move the flat `policy.inference_*` keys of an older run config (e.g. a checkpoint's `config.yaml`)
+    into the `policy.inference` section, in place; `inference_autocast: true` becomes `dtype: bfloat16`.
+    Returns `cfg`; a config without those keys is left as it is."""
+    policy = cfg.get("policy")
+    if policy is None:
+        return cfg
+    legacy = {key: policy.pop(key) for key in [*_LEGACY_KEYS, "inference_autocast"] if key in policy}
+    if not legacy:
+        return cfg
+    section = {new: legacy[old] for old, new in _LEGACY_KEYS.items() if old in legacy}
+    if legacy.get("inference_autocast"):
+        section["dtype"] = "bfloat16"
+    policy.inference = {**policy.get("inference", {}), **section}
+    return cfg
 
 
 def _onednn_linear_available(device: torch.device) -> bool:
@@ -131,7 +215,7 @@ class PreparedLinear(nn.Module):
         if prepack and _onednn_linear_available(weight.device):
             try:
                 packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
-                probe = torch.zeros(1, weight.shape[1], dtype=dtype)
+                probe = torch.zeros(1, weight.shape[1], dtype=dtype, device=weight.device)
                 torch.ops.mkldnn._linear_pointwise(probe, packed, self.bias, "none", [], "")
                 self.packed = packed  # replaces the plain copy (halves the cached memory)
             except (RuntimeError, NotImplementedError):
@@ -222,8 +306,8 @@ class _ConvNormMish(nn.Module):
         super().__init__()
         conv, norm, _ = module
         self.conv = _TimeConv(conv, dtype, prepack, int8)
-        self.norm = nn.GroupNorm(norm.num_groups, norm.num_channels, norm.eps).requires_grad_(False)
-        self.norm.load_state_dict(norm.state_dict())  # fp32 affine parameters (GroupNorm mixes dtypes)
+        # fp32 affine parameters (GroupNorm mixes dtypes), on the device of the source's.
+        self.norm = copy.deepcopy(norm).requires_grad_(False)
 
     def forward(self, x: Tensor) -> Tensor:
         return F.mish(_group_norm(self.conv(x), self.norm), inplace=True)
@@ -307,7 +391,7 @@ class UnetPlan(nn.Module):
         key = tuple(int(t) for t in timesteps)
         step_part = self._step_film.get(key)
         if step_part is None:
-            embedding = self.step_encoder(timesteps.to(global_cond.device))  # (S, E)
+            embedding = self.step_encoder(timesteps.to(self.film_step_weight.device))  # (S, E)
             step_part = F.linear(F.mish(embedding.float()), self.film_step_weight)  # (S, F)
             self._step_film[key] = step_part
         global_part = F.linear(F.mish(global_cond.float()), self.film_global_weight, self.film_bias)
@@ -347,7 +431,8 @@ class EncoderPlan:
         self.dtype = dtype
         self.backbone = copy.deepcopy(encoder.backbone).to(dtype=dtype, memory_format=torch.channels_last)
         self.backbone.eval().requires_grad_(False)
-        self.pool, self.out = encoder.pool, encoder.out
+        self.pool = copy.deepcopy(encoder.pool).requires_grad_(False)
+        self.out = copy.deepcopy(encoder.out).requires_grad_(False)
 
     def __call__(self, images: Tensor) -> Tensor:
         """`images` (N, C, H, W) normalized fp32 -> features (N, feature_dim) fp32."""
@@ -379,6 +464,40 @@ class InferencePlan:
             # Default shapes: the first batch size gets a static graph, a second one a graph with a dynamic
             # batch that serves all later ones (refill evaluation varies the batch from chunk to chunk).
             # The fused kernels run on one thread: each touches at most a few hundred KB, and waking a
-            # second OpenMP thread (OMP_WAIT_POLICY=PASSIVE) costs more than it saves (a U-Net step at
-            # batch 1: 1.26x over eager with one thread, 0.97x with two). The matmuls keep every thread.
+            # second OpenMP thread (OMP_WAIT_POLICY=PASSIVE) costs more than it saves. The matmuls keep
+            # every thread.
             self.unet.__dict__["compiled"] = torch.compile(self.unet, options={"cpp.threads": 1})
+
+
+@contextlib.contextmanager
+def fast_inference_context(policy: DiffusionPolicy) -> Iterator[None]:
+    """Generate the policy's chunks as `policy.config.inference` asks, for the duration of the `with`.
+
+    `fast`: an `InferencePlan` is built from the policy's weights as they are at the entry, and is what
+    `predict_action_chunk` (hence `select_action`) runs until the exit. `dtype=bfloat16` without `fast`: the
+    policy's modules under bf16 autocast. At the defaults nothing changes. At the exit the policy generates
+    chunks with its modules again, in fp32; its weights and state dict are never touched. The plan lives on
+    the device of the weights: move the policy before entering, not inside.
+    """
+    # Imported here: the policy module imports its config, which imports this module.
+    from lerobot.policies.diffusion.modeling import ChunkNetworks
+
+    options = policy.config.inference
+    options.validate()
+    dtype = INFERENCE_DTYPES[options.dtype]
+    if options.fast:
+        encoder = policy.rgb_encoder if policy.image_keys else None
+        plan = InferencePlan(policy.unet, encoder, dtype, options.compile, int8_weights=options.int8_weights)
+        networks = ChunkNetworks(encoder=plan.encoder, denoiser=plan.unet)
+    elif dtype != torch.float32:
+        device_type = next(policy.unet.parameters()).device.type
+        autocast = functools.partial(torch.autocast, device_type=device_type, dtype=dtype)
+        networks = ChunkNetworks(encoder=None, denoiser=policy.unet, context=autocast)
+    else:
+        yield
+        return
+    previous, policy.chunk_networks = policy.chunk_networks, networks
+    try:
+        yield
+    finally:
+        policy.chunk_networks = previous
