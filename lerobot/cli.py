@@ -1,8 +1,13 @@
 """Command-line entry points behind `scripts/train.py` and `scripts/eval.py`.
 
 Configs are composed with Hydra's compose API from `configs/` (groups `env=` and `policy=`, dotted
-overrides such as `training.steps=100`), then validated against `lerobot.config`. Expected failures (bad
-config, missing data or checkpoint, a dead env worker, a diverged loss) print one line and exit non-zero.
+overrides such as `training.steps=100`), then validated (and completed with every default) against
+`lerobot.config`. `--config-dir DIR` adds a directory with the same layout (`DIR/env/<name>.yaml`,
+`DIR/policy/<name>.yaml`) to the search path, for envs and policy variants that live outside this
+repository. The defaults are the dataclasses, given to Hydra as structured configs (`schema` for the root, one
+node per registered policy in the `policy` group), so a new policy needs no YAML.
+Expected failures (bad config, missing data or checkpoint, a dead env worker, a diverged loss) print one
+line and exit non-zero.
 """
 
 from __future__ import annotations
@@ -12,37 +17,80 @@ import datetime as dt
 import json
 import logging
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from lerobot.config import ConfigError, env_config, validate_config
+from lerobot.config import CONFIG_DIR, ConfigError, env_config, validate_config
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 GROUPS = ("env", "policy")
 
 
-def compose_config(overrides: list[str], config_dir: Path = CONFIG_DIR) -> DictConfig:
-    """Compose `configs/default.yaml` with Hydra overrides and validate it."""
+def compose_config(
+    overrides: list[str], config_dir: Path = CONFIG_DIR, search_path: Sequence[str | Path] = ()
+) -> DictConfig:
+    """Compose `default.yaml` of `config_dir` with Hydra overrides, then validate and complete it.
+
+    Args:
+        overrides: Hydra overrides, e.g. `["policy=diffusion", "env=pusht", "training.steps=100"]`.
+        config_dir: the primary config directory (holds `default.yaml`).
+        search_path: more directories searched for `env/<name>.yaml` and `policy/<name>.yaml` (after
+            `config_dir`).
+    """
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    dirs = [Path(config_dir), *(Path(d) for d in search_path)]
+    _store_schemas(dirs)
+    overrides = list(overrides)
+    if search_path:
+        paths = ", ".join(f"'file://{Path(d).resolve()}'" for d in search_path)
+        overrides.append(f"hydra.searchpath=[{paths}]")
     try:
-        with initialize_config_dir(config_dir=str(config_dir), version_base=None):
+        with initialize_config_dir(config_dir=str(Path(config_dir).resolve()), version_base=None):
             cfg = compose(config_name="default", overrides=overrides)
     except (HydraException, OmegaConfBaseException) as e:
-        raise ConfigError(_hydra_message(e)) from None
+        raise ConfigError(_hydra_message(e, dirs)) from None
     return validate_config(cfg)
 
 
-def _hydra_message(e: Exception) -> str:
+def _store_schemas(dirs: list[Path]) -> None:
+    """Give Hydra the dataclasses: `schema` (every root default, which `default.yaml` lists first) and,
+    in the `policy` group, one node per registered policy (its dataclass, so `policy=<name>` needs no
+    YAML and `policy.<field>=...` is typed). A `policy/<name>.yaml` in `dirs` takes the name over."""
+    from hydra.core.config_store import ConfigStore
+
+    from lerobot.config import RootConfig
+    from lerobot.policies.factory import available_policies, policy_config_class
+
+    store = ConfigStore.instance()
+    store.store(name="schema", node=RootConfig)
+    for name in available_policies():
+        if not any((d / "policy" / f"{name}.yaml").is_file() for d in dirs):
+            store.store(group="policy", name=name, node=policy_config_class(name))
+
+
+def group_options(group: str, dirs: Sequence[Path] = (CONFIG_DIR,)) -> list[str]:
+    """The names `group=<name>` accepts: YAML files in `dirs` (and, for `policy`, registered policies)."""
+    names = {p.stem for d in dirs for p in (Path(d) / group).glob("*.yaml")}
+    if group == "policy":
+        from lerobot.policies.factory import available_policies
+
+        names.update(available_policies())
+    return sorted(names)
+
+
+def _hydra_message(e: Exception, dirs: Sequence[Path]) -> str:
     text = str(e).strip().splitlines()[0]
+    if e.__cause__ is not None and str(e.__cause__).strip():
+        # Hydra's own line says which override failed; the cause says why (e.g. the key does not exist).
+        text = f"{text.rstrip('.')}: {str(e.__cause__).strip().splitlines()[0]}"
     if "Could not find" in text or "not found" in text.lower():
         for group in GROUPS:
             if f"'{group}/" in text:
-                options = sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
-                return f"{text}; available {group} options: {', '.join(options)}"
+                return f"{text}; available {group} options: {', '.join(group_options(group, dirs))}"
     return text
 
 
@@ -83,16 +131,27 @@ def _train(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(
         description="Train a policy.", epilog="example: policy=diffusion env=pusht training.steps=1000"
     )
+    _add_config_dir_argument(parser)
     parser.add_argument(
         "overrides", nargs="*", help="Hydra overrides, e.g. policy=diffusion env=pusht training.steps=100"
     )
     args = parser.parse_args(argv)
-    cfg = compose_config(args.overrides)
+    cfg = compose_config(args.overrides, search_path=args.config_dir)
     from lerobot.training import train
 
     run_dir = train(cfg)
     print(f"run directory: {run_dir}")
     return 0
+
+
+def _add_config_dir_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config-dir",
+        type=Path,
+        action="append",
+        default=[],
+        help="extra config directory with env/ and policy/ YAML files (repeatable)",
+    )
 
 
 def train_main(argv: list[str] | None = None) -> int:
@@ -101,8 +160,11 @@ def train_main(argv: list[str] | None = None) -> int:
 
 
 # ------------------------------------------------------------------------------------------------ eval
-def checkpoint_config(ckpt_dir: Path, overrides: list[str]) -> DictConfig:
-    """The checkpoint's config with evaluation overrides; `env=NAME` swaps in another env config."""
+def checkpoint_config(ckpt_dir: Path, overrides: list[str], search_path: Sequence[Path] = ()) -> DictConfig:
+    """The checkpoint's config with evaluation overrides; `env=NAME` swaps in another env config.
+
+    `NAME` is looked up in `configs/env/` and then in the `env/` folder of each `search_path` directory.
+    """
     from lerobot.training.checkpoint import load_config
 
     # A plain (unstructured) copy, so that a whole env section can be swapped in before re-validation.
@@ -115,10 +177,12 @@ def checkpoint_config(ckpt_dir: Path, overrides: list[str]) -> DictConfig:
                 "policy= cannot be overridden when evaluating a checkpoint (the checkpoint fixes the policy)"
             )
         if key == "env":
-            path = CONFIG_DIR / "env" / f"{value}.yaml"
-            if not path.exists():
-                options = sorted(p.stem for p in (CONFIG_DIR / "env").glob("*.yaml"))
-                raise ConfigError(f"unknown env {value!r}; available env options: {', '.join(options)}")
+            dirs = [CONFIG_DIR, *search_path]
+            paths = [Path(d) / "env" / f"{value}.yaml" for d in dirs]
+            path = next((p for p in paths if p.is_file()), None)
+            if path is None:
+                options = ", ".join(group_options("env", dirs))
+                raise ConfigError(f"unknown env {value!r}; available env options: {options}")
             cfg.env = OmegaConf.load(path)
         else:
             dotted.append(override)
@@ -144,6 +208,7 @@ def _eval(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(description="Evaluate a checkpoint or a baseline policy.")
     parser.add_argument("--checkpoint", type=Path, help="checkpoint dir, run dir or checkpoints/ dir")
     parser.add_argument("--output-dir", type=Path, help="where eval_info.json and videos go")
+    _add_config_dir_argument(parser)
     parser.add_argument("overrides", nargs="*", help="e.g. eval.n_episodes=50 eval.batch_size=10 device=cpu")
     args = parser.parse_args(argv)
 
@@ -153,12 +218,12 @@ def _eval(argv: list[str] | None) -> int:
 
     if args.checkpoint is not None:
         ckpt = resolve_checkpoint_dir(args.checkpoint)
-        cfg = checkpoint_config(ckpt, args.overrides)
+        cfg = checkpoint_config(ckpt, args.overrides, search_path=args.config_dir)
         _check_features(load_config(ckpt), cfg)
         device = resolve_device(cfg.device)
         policy, _ = load_policy(ckpt, device=device, cfg=cfg)
     else:
-        cfg = compose_config(args.overrides)
+        cfg = compose_config(args.overrides, search_path=args.config_dir)
         policy_cfg = make_policy_config(cfg.policy, env_config(cfg))
         if policy_cfg.training_mode != "none":
             raise ConfigError(f"policy {policy_cfg.name!r} needs trained weights: pass --checkpoint DIR")

@@ -1,14 +1,16 @@
 """Structured configuration: the schema every Hydra config is validated against at start-up.
 
-`configs/` holds the YAML (defaults, `env/*.yaml`, `policy/*.yaml`); this module holds the types. A composed
-config is merged into `RootConfig`, so an unknown key or a wrong type fails before any work starts, with a
-message that names the key. The `policy` section is validated by the chosen policy's own dataclass
-(see `lerobot.policies.factory`).
+The dataclasses below (and each policy's configuration dataclass) are the one source of every default:
+`configs/` holds only the choices (`env/*.yaml`, `policy/*.yaml`) and values that differ from a default. A
+composed config is merged into `RootConfig`, so an unknown key or a wrong type fails before any work
+starts, with a message that names the key; the merged result holds every field, resolved, including the
+`policy` section (validated by the chosen policy's own dataclass, see `lerobot.policies.factory`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -17,6 +19,11 @@ from omegaconf.errors import OmegaConfBaseException
 from lerobot.constants import ACTION_KIND, ENV_STATE, EVAL_SCHEDULES, STATE, VISUAL
 
 FEATURE_KINDS = (VISUAL, STATE, ENV_STATE, ACTION_KIND)
+# `env.observation_keys` path that stands for the whole observation of an env whose observation is one
+# array rather than a dict (e.g. Pendulum's).
+WHOLE_OBSERVATION = "."
+# Where the YAML configs live (Hydra's primary config directory).
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 
 
 class ConfigError(ValueError):
@@ -37,14 +44,25 @@ class FeatureConfig:
 
 @dataclass
 class EnvConfig:
-    """A gymnasium task and the features it produces (names, shapes), read by policies and datasets."""
+    """A gymnasium task and the features it produces (names, shapes), read by policies and datasets.
+
+    `features` declares every batch key: observation features (`kind` visual, state or env_state; images
+    are declared channels-first, `[3, H, W]`) and the action (`kind: action`). `observation_keys` says
+    where each observation feature comes from in the env's own observation: `path: batch key`, where a
+    path names a key of the observation dict, `/` goes into nested dicts (gym-aloha's
+    `pixels/top: observation.images.top`), and `.` is the whole observation of an env that returns one
+    array (Pendulum's `.: observation.state`). Observation entries that no path names are dropped.
+    """
 
     name: str = "pusht"
     gym_id: str = "gym_pusht/PushT-v0"
     fps: int = 10
     max_episode_steps: int = 300
+    # Keyword arguments of `gymnasium.make` (e.g. gym-pusht's `obs_type`).
     gym_kwargs: dict[str, Any] = field(default_factory=dict)
     features: dict[str, FeatureConfig] = field(default_factory=dict)
+    # env observation path -> batch key (one of `features`); see the class docstring.
+    observation_keys: dict[str, str] = field(default_factory=dict)
 
     def input_features(self) -> dict[str, FeatureConfig]:
         """Observation features (everything that is not an action)."""
@@ -59,10 +77,15 @@ class EnvConfig:
 class DatasetConfig:
     """Where the offline demonstrations live and how they are split."""
 
+    # Importer of the source data (`lerobot.datasets.factory.IMPORTERS`): `pusht_zarr` reads Diffusion
+    # Policy's `pusht_cchi_v7_replay.zarr` and converts it once into the project's memory-mapped format.
+    format: str = "pusht_zarr"
     # Directory holding the source data (`pusht_cchi_v7_replay.zarr` or `pusht.zip`); falls back to
     # $LEROBOT_DATA_ROOT, then to a download into `cache_dir`.
     root: str | None = None
+    # Where downloads and conversions go; None: `~/.cache/lerobot`.
     cache_dir: str | None = None
+    # Fraction of whole episodes held out for validation, drawn with `split_seed`.
     val_fraction: float = 0.0
     split_seed: int = 0
 
@@ -75,22 +98,28 @@ class TrainingConfig:
     steps: int = 100_000
     # null: the policy's own default (e.g. 64 for image Diffusion Policy, 256 for low-dimensional).
     batch_size: int | None = None
+    # DataLoader worker processes (offline training).
     num_workers: int = 2
     log_freq: int = 100
     save_freq: int = 10_000
+    # Continue the run in `output_dir` from its last checkpoint (weights, optimizer, data order, RNG).
     resume: bool = False
     # bf16 autocast for the forward/backward pass (CPU AMX or CUDA).
     use_amp: bool = False
     grad_clip_norm: float = 10.0
-    # Online (TD-MPC) only: vectorized envs collecting experience, SB3-style schedule.
+    # Online (TD-MPC) only: vectorized envs collecting experience, SB3-style schedule (docs/tdmpc.md).
     n_envs: int = 1
     use_async_envs: bool = False
+    # Collect this many steps of every env between two rounds of updates.
     train_freq: int = 1
     gradient_steps: int = 1  # -1: as many updates as transitions just collected
     utd_ratio: float | None = None  # updates per transition; takes precedence over gradient_steps
+    # Transitions collected with random actions before the first update.
     learning_starts: int = 1000
     buffer_capacity: int = 1_000_000
+    # Share of each batch drawn from the offline dataset (0: online experience only).
     offline_ratio: float = 0.0
+    # Store the replay buffer with each checkpoint, so that a resumed run continues it exactly.
     save_buffer: bool = False
 
 
@@ -99,15 +128,22 @@ class EvalConfig:
     """Batched evaluation: how many episodes, over how many envs at once."""
 
     n_episodes: int = 50
+    # Number of envs stepped at once.
     batch_size: int = 50
-    # "auto" picks sync or async from the env's measured step cost and the core count.
+    # auto | true | false: "auto" times sync and async stepping of this env once per machine and picks
+    # the faster (see `lerobot.envs.resolve_use_async`).
     use_async_envs: str = "auto"
+    # Episodes saved as mp4 videos.
     max_episodes_rendered: int = 4
+    # Episode i is reset with seed start_seed + i, whatever the number of envs.
     start_seed: int = 100_000
+    # Evaluate every `freq` training steps (0 disables periodic evaluation).
     freq: int = 10_000
-    # Async envs: fail when a step takes longer (seconds). None waits; a dead worker fails at once anyway.
+    # Async envs: seconds after which a step that has not returned fails (a hung worker). None waits; a
+    # dead worker fails at once either way. Checking polls every worker each step, so it is off by default.
     step_timeout_s: float | None = None
-    # refill | refill_aligned | batch: when a slot whose episode ended starts the next one (lerobot.rollout).
+    # When a slot whose episode ended starts the next one: refill_aligned (at the other slots' next chunk
+    # step, so chunk predictions stay batched), refill (at once) or batch (fixed batches). Same episodes.
     schedule: str = "refill_aligned"
 
 
@@ -117,6 +153,7 @@ class WandbConfig:
 
     enable: bool = False
     project: str = "lerobot"
+    # offline works with no network; `wandb sync` uploads later.
     mode: str = "offline"
     entity: str | None = None
 
@@ -126,19 +163,26 @@ class RootConfig:
     """The whole run: env, policy, dataset, training, evaluation, logging."""
 
     env: EnvConfig = field(default_factory=EnvConfig)
+    # The chosen policy's dataclass fields (`name` picks the dataclass); filled in by `validate_config`.
     policy: dict[str, Any] = field(default_factory=dict)
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
     seed: int = 1000
+    # cpu | cuda | cuda:N | auto (cuda when available)
     device: str = "cpu"
+    # Run directory; None: outputs/train/<date>/<time>_<env>_<policy>. Pass an existing one to resume.
     output_dir: str | None = None
     job_name: str | None = None
 
 
 def validate_config(cfg: DictConfig | dict) -> DictConfig:
-    """Merge a composed config into the `RootConfig` schema and check values; raise `ConfigError` if bad."""
+    """Merge a composed config into the `RootConfig` schema and check values; raise `ConfigError` if bad.
+
+    Every default is filled in, the `policy` section's too (when it names a policy), so the result is the
+    complete, resolved config that checkpoints save.
+    """
     try:
         merged = OmegaConf.merge(OmegaConf.structured(RootConfig), cfg)
     except OmegaConfBaseException as e:
@@ -150,6 +194,9 @@ def validate_config(cfg: DictConfig | dict) -> DictConfig:
             raise ConfigError(f"env.features.{key}.kind={feat.kind!r}: expected one of {FEATURE_KINDS}")
     if not env_config(merged).output_features():
         raise ConfigError(f"env {merged.env.name!r} declares no feature of kind 'action'")
+    if not merged.env.observation_keys:
+        merged.env.observation_keys = _observation_keys_of_env_yaml(merged.env.name)
+    _check_observation_keys(env_config(merged))
     checks = {
         "eval.n_episodes": merged.eval.n_episodes > 0,
         "eval.batch_size": merged.eval.batch_size > 0,
@@ -173,7 +220,45 @@ def validate_config(cfg: DictConfig | dict) -> DictConfig:
         raise ConfigError(f"eval.use_async_envs={merged.eval.use_async_envs!r}: expected auto, true or false")
     if merged.device not in ("cpu", "cuda", "auto") and not str(merged.device).startswith("cuda:"):
         raise ConfigError(f"device={merged.device!r}: expected cpu, cuda, cuda:N or auto")
+    if merged.policy:
+        # Imported here: the policy registry imports torch and the policies, which import this module.
+        from lerobot.policies.factory import resolved_policy_section
+
+        merged.policy = resolved_policy_section(merged.policy, env_config(merged))
     return merged
+
+
+def _check_observation_keys(env: EnvConfig) -> None:
+    """Every observation feature comes from exactly one env observation path, and every path feeds one."""
+    inputs = env.input_features()
+    seen: dict[str, str] = {}
+    for path, key in env.observation_keys.items():
+        if key not in inputs:
+            raise ConfigError(
+                f"env.observation_keys.{path}={key!r} is not an observation feature of env {env.name!r}; "
+                f"declare it under env.features or map the path to one of {sorted(inputs)}"
+            )
+        if key in seen:
+            raise ConfigError(f"env.observation_keys: {seen[key]!r} and {path!r} both map to {key!r}")
+        seen[key] = path
+    if WHOLE_OBSERVATION in env.observation_keys and len(env.observation_keys) > 1:
+        raise ConfigError(
+            f"env.observation_keys: {WHOLE_OBSERVATION!r} (the whole observation) cannot be combined with other paths"
+        )
+    for key in inputs:
+        if key not in seen:
+            raise ConfigError(
+                f"env.observation_keys maps nothing to feature {key!r} of env {env.name!r}; add "
+                f"`<observation path>: {key}` (e.g. `agent_pos: {key}`, or `.: {key}` for an array observation)"
+            )
+
+
+def _observation_keys_of_env_yaml(name: str) -> dict[str, str]:
+    """The mapping of `configs/env/<name>.yaml`, for configs saved before `observation_keys` existed."""
+    path = CONFIG_DIR / "env" / f"{name}.yaml"
+    if not path.is_file():
+        return {}
+    return dict(OmegaConf.load(path).get("observation_keys", {}))
 
 
 def env_config(cfg: DictConfig) -> EnvConfig:

@@ -470,8 +470,11 @@ def test_make_dataset_rejects_mismatches(fake, monkeypatch):
     env.features["observation.state"] = FeatureConfig(shape=[3], kind="state")
     with pytest.raises(ConfigError, match=r"env.features.observation.state.shape=\[3\]"):
         make_dataset(cfg, env, None)
-    with pytest.raises(ConfigError, match="no offline dataset"):
-        make_dataset(cfg, EnvConfig(name="pendulum"), None)
+    pendulum = EnvConfig(name="pendulum", features={"observation.angle": FeatureConfig(shape=[1])})
+    with pytest.raises(ConfigError, match=r"has no feature \['observation.angle'\]"):
+        make_dataset(cfg, pendulum, None)
+    with pytest.raises(ConfigError, match="dataset.format='nope' is unknown"):
+        make_dataset(DatasetConfig(root=cfg.root, format="nope"), _env_cfg(), None)
     with pytest.raises(ConfigError, match="val_fraction > 0"):
         make_dataset(cfg, _env_cfg(), None, split="val")
     with pytest.raises(ConfigError, match="split='test'"):

@@ -1,6 +1,7 @@
 """A tiny deterministic env for rollout tests: episodes end at seed-dependent steps.
 
-Observation `agent_pos` = (seed, t). Reward at step t is `seed + t / 100`. The episode terminates at step
+Observation `observation.state` = (seed, t): already keyed by our batch key, so the raw env (with no
+`make_env` wrapper) feeds `observation_to_batch` directly. Reward at step t is `seed + t / 100`. The episode terminates at step
 `term_at(seed)` (success) or is truncated by the time limit; with `fail_at` the env raises at that step,
 with `hang_at` it sleeps for a minute there.
 """
@@ -27,7 +28,7 @@ class ToyEnv(gym.Env):
     def __init__(
         self, render_mode: str | None = "rgb_array", fail_at: int | None = None, hang_at: int | None = None
     ):
-        self.observation_space = spaces.Dict({"agent_pos": spaces.Box(-1e6, 1e6, (2,), np.float64)})
+        self.observation_space = spaces.Dict({"observation.state": spaces.Box(-1e6, 1e6, (2,), np.float64)})
         self.action_space = spaces.Box(-1e6, 1e6, (2,), np.float32)
         self.render_mode = render_mode
         self.fail_at = fail_at
@@ -42,7 +43,7 @@ class ToyEnv(gym.Env):
         return self._obs(), {"is_success": False}
 
     def _obs(self):
-        return {"agent_pos": np.array([self.seed_value, self.t], dtype=np.float64)}
+        return {"observation.state": np.array([self.seed_value, self.t], dtype=np.float64)}
 
     def step(self, action):
         self.t += 1

@@ -2,8 +2,10 @@
 
 from lerobot.datasets.episode_dataset import DeltaTimestampsError, EpisodeDataset, collate_batch
 from lerobot.datasets.factory import (
+    IMPORTERS,
     StepBatchSampler,
     cycle_batches,
+    import_dataset,
     make_dataloader,
     make_dataset,
     split_episodes,
@@ -19,6 +21,7 @@ from lerobot.datasets.pusht_import import (
 from lerobot.datasets.pusht_rules import block_coverage, block_keypoints, coverage_reward
 
 __all__ = [
+    "IMPORTERS",
     "PUSHT_URL",
     "DatasetError",
     "DatasetNotFoundError",
@@ -33,6 +36,7 @@ __all__ = [
     "cycle_batches",
     "default_cache_dir",
     "find_pusht_source",
+    "import_dataset",
     "make_dataloader",
     "make_dataset",
     "prepare_pusht",

@@ -11,7 +11,8 @@ DataLoader (generator state, iterator position) needs to be saved: the checkpoin
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,6 +25,20 @@ from lerobot.datasets.episode_dataset import EpisodeDataset, collate_batch
 from lerobot.datasets.pusht_import import prepare_pusht
 
 SPLITS = ("train", "val")
+
+# `dataset.format` -> importer: finds (or downloads) the source data and converts it once into the
+# project's format (`lerobot.datasets.format`); returns the converted directory.
+IMPORTERS: dict[str, Callable[[DatasetConfig], Path]] = {"pusht_zarr": prepare_pusht}
+
+
+def import_dataset(dataset_cfg: DatasetConfig) -> Path:
+    """Run the importer `dataset_cfg.format` names; return the directory of the converted dataset."""
+    importer = IMPORTERS.get(dataset_cfg.format)
+    if importer is None:
+        raise ConfigError(
+            f"dataset.format={dataset_cfg.format!r} is unknown; expected one of {', '.join(sorted(IMPORTERS))}"
+        )
+    return importer(dataset_cfg)
 
 
 def split_episodes(num_episodes: int, val_fraction: float, split_seed: int) -> tuple[list[int], list[int]]:
@@ -53,7 +68,8 @@ def make_dataset(
 ) -> EpisodeDataset:
     """The offline dataset of the env's task, restricted to the env's features and one split.
 
-    Finds/downloads and converts the data on first use (see `lerobot.datasets.pusht_import`).
+    The importer named by `dataset_cfg.format` finds/downloads and converts the data on first use (e.g.
+    `lerobot.datasets.pusht_import`); the env's features and fps must match what the dataset holds.
 
     Args:
         dataset_cfg: where the data lives, `val_fraction`, `split_seed`.
@@ -64,13 +80,15 @@ def make_dataset(
     """
     if split not in SPLITS:
         raise ConfigError(f"split={split!r}: expected one of {SPLITS}")
-    if not env_cfg.name.startswith("pusht"):
-        raise ConfigError(
-            f"env {env_cfg.name!r} has no offline dataset; demonstrations exist for PushT envs only"
-        )
-    root = prepare_pusht(dataset_cfg)
+    root = import_dataset(dataset_cfg)
     wanted = list(dict.fromkeys([*env_cfg.features, ACTION, *(keys or [])]))
-    probe = EpisodeDataset(root, keys=wanted)
+    probe = EpisodeDataset(root)
+    missing = [k for k in wanted if k not in probe.keys]
+    if missing:
+        raise ConfigError(
+            f"the {dataset_cfg.format} dataset at {root} has no feature {missing} that env {env_cfg.name!r} "
+            f"needs (it has {probe.keys}); pick the env the data was recorded with or another dataset.format"
+        )
     for key, feature in env_cfg.features.items():
         if tuple(feature.shape) != probe.features[key]:
             raise ConfigError(

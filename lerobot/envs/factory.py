@@ -13,10 +13,13 @@ from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
+from gymnasium import spaces
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, VectorEnv
 from omegaconf import OmegaConf
 
 from lerobot.config import ConfigError, EnvConfig
+from lerobot.constants import VISUAL
+from lerobot.envs.observation import BatchKeyObservation
 
 log = logging.getLogger(__name__)
 
@@ -24,8 +27,15 @@ log = logging.getLogger(__name__)
 _START_METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 
 
-def _make_single_env(gym_id: str, max_episode_steps: int, gym_kwargs: dict, render_mode: str | None):
-    """Create one env; runs inside async workers too, so it imports the env's package itself."""
+def _make_single_env(
+    gym_id: str,
+    max_episode_steps: int,
+    gym_kwargs: dict,
+    render_mode: str | None,
+    observation_keys: dict[str, str],
+) -> gym.Env:
+    """Create one env with batch-keyed observations; runs inside async workers too, so it imports the
+    env's package itself."""
     namespace = gym_id.split("/")[0] if "/" in gym_id else None
     if namespace is not None:
         # Registering the namespace (e.g. `gym_pusht`) is a side effect of importing its package.
@@ -33,7 +43,56 @@ def _make_single_env(gym_id: str, max_episode_steps: int, gym_kwargs: dict, rend
     kwargs = dict(gym_kwargs)
     if render_mode is not None:
         kwargs["render_mode"] = render_mode
-    return gym.make(gym_id, max_episode_steps=max_episode_steps, disable_env_checker=True, **kwargs)
+    env = gym.make(gym_id, max_episode_steps=max_episode_steps, disable_env_checker=True, **kwargs)
+    return BatchKeyObservation(env, observation_keys)
+
+
+def make_single_env(env_cfg: EnvConfig, render_mode: str | None = None) -> gym.Env:
+    """One env of `env_cfg` (time limit, observations keyed by batch keys), outside any vector env."""
+    _check_env_config(env_cfg)
+    return _make_single_env(
+        env_cfg.gym_id,
+        env_cfg.max_episode_steps,
+        dict(env_cfg.gym_kwargs),
+        render_mode,
+        dict(env_cfg.observation_keys),
+    )
+
+
+def _check_env_config(env_cfg: EnvConfig) -> None:
+    """The env's package is installed, its gym id registered and its observation mapping given."""
+    if not env_cfg.observation_keys:
+        raise ConfigError(
+            f"env {env_cfg.name!r} has no env.observation_keys: map the env's observation paths to batch "
+            "keys, e.g. `observation_keys: {agent_pos: observation.state}`"
+        )
+    namespace = env_cfg.gym_id.split("/")[0] if "/" in env_cfg.gym_id else None
+    if namespace is not None:
+        try:
+            importlib.import_module(namespace)
+        except ImportError:
+            raise ConfigError(
+                f"env {env_cfg.name!r} needs the package {namespace!r}: pip install {namespace.replace('_', '-')}"
+            ) from None
+    if env_cfg.gym_id not in gym.registry:
+        raise ConfigError(f"unknown gym id {env_cfg.gym_id!r} in env {env_cfg.name!r}")
+
+
+def _check_shapes(env_cfg: EnvConfig, space: spaces.Dict) -> None:
+    """The env's observations have the shapes `env.features` declares (images declared channels-first)."""
+    path_of = {key: path for path, key in env_cfg.observation_keys.items()}
+    for key, sub in space.spaces.items():
+        if key not in env_cfg.features:
+            continue  # `validate_config` names a mapping to an undeclared feature
+        declared = list(env_cfg.features[key].shape)
+        shape = list(sub.shape or ())
+        if env_cfg.features[key].kind == VISUAL and len(shape) == 3:
+            shape = [shape[2], shape[0], shape[1]]  # (H, W, C) -> (C, H, W)
+        if shape != declared:
+            raise ConfigError(
+                f"env.features.{key}.shape={declared} but the env's observation {path_of[key]!r} gives "
+                f"{list(sub.shape or ())}; fix the shape (images: [C, H, W]) or env.observation_keys"
+            )
 
 
 def make_env(
@@ -46,35 +105,41 @@ def make_env(
 ) -> VectorEnv:
     """Return a vector env of `n_envs` copies of `env_cfg.gym_id` with the config's time limit.
 
+    Every env is wrapped in `BatchKeyObservation`, so observations are flat dicts keyed by batch keys
+    (`env_cfg.observation_keys`), ready for `observation_to_batch`.
+
     Args:
-        env_cfg: the env section of the config (gym id, kwargs, `max_episode_steps`).
+        env_cfg: the env section of the config (gym id, kwargs, `max_episode_steps`, observation keys).
         n_envs: number of parallel envs (>= 1).
         use_async: one worker process per env (AsyncVectorEnv) instead of stepping them in this process.
         autoreset_mode: gymnasium's autoreset mode; `eval_policy` handles all three.
         render_mode: passed to every env so that `render()` works for videos.
         copy: return fresh observation arrays each step. `False` returns the vector env's own buffers
-            (overwritten by the next step), saving one copy of every image per step; safe when each
-            observation is consumed before the next step, as `eval_policy` does.
+            (overwritten by the next step), saving one copy of every image per step; safe because
+            `observation_to_batch` never aliases them.
     """
     if n_envs < 1:
         raise ConfigError(f"n_envs={n_envs} must be >= 1")
-    namespace = env_cfg.gym_id.split("/")[0] if "/" in env_cfg.gym_id else None
-    if namespace is not None:
-        try:
-            importlib.import_module(namespace)
-        except ImportError:
-            raise ConfigError(
-                f"env {env_cfg.name!r} needs the package {namespace!r}: pip install {namespace.replace('_', '-')}"
-            ) from None
-    if env_cfg.gym_id not in gym.registry:
-        raise ConfigError(f"unknown gym id {env_cfg.gym_id!r} in env {env_cfg.name!r}")
+    _check_env_config(env_cfg)
     fn = functools.partial(
-        _make_single_env, env_cfg.gym_id, env_cfg.max_episode_steps, dict(env_cfg.gym_kwargs), render_mode
+        _make_single_env,
+        env_cfg.gym_id,
+        env_cfg.max_episode_steps,
+        dict(env_cfg.gym_kwargs),
+        render_mode,
+        dict(env_cfg.observation_keys),
     )
     fns = [fn] * n_envs
     if use_async:
-        return AsyncVectorEnv(fns, context=_START_METHOD, autoreset_mode=autoreset_mode, copy=copy)
-    return SyncVectorEnv(fns, autoreset_mode=autoreset_mode, copy=copy)
+        env = AsyncVectorEnv(fns, context=_START_METHOD, autoreset_mode=autoreset_mode, copy=copy)
+    else:
+        env = SyncVectorEnv(fns, autoreset_mode=autoreset_mode, copy=copy)
+    try:
+        _check_shapes(env_cfg, env.single_observation_space)
+    except ConfigError:
+        env.close()
+        raise
+    return env
 
 
 def measure_vector_steps_per_s(env_cfg: EnvConfig, n_envs: int, use_async: bool, n_steps: int = 40) -> float:

@@ -1,23 +1,62 @@
-"""Baseline policies that need no training: evaluation works before any learned policy exists."""
+"""Baseline policies that need no training: evaluation works before any learned policy exists.
+
+Each baseline's config declares the envs it fits (`Fits`: action size, bounds, observation features);
+`validate()` checks them, so `policy=scripted env=pendulum` stops at config validation with one line.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from lerobot.config import ConfigError
-from lerobot.constants import ENV_STATE, OBS_ENV_STATE, OBS_IMAGE, OBS_STATE, VISUAL
+from lerobot.constants import OBS_ENV_STATE, OBS_IMAGE, OBS_STATE
 from lerobot.policies.config import PolicyConfig
 from lerobot.policies.policy import Policy
 
 
+@dataclass(frozen=True)
+class Fits:
+    """The envs a baseline works on, stated by its config and checked at config validation."""
+
+    # Size of the action vector; None: any.
+    action_dim: int | None = None
+    # The env's action feature must have `low`/`high` bounds (the baseline acts within them).
+    bounded_action: bool = True
+    # Observation features (batch keys) the env must provide: all of `needs_all`, at least one of `needs_any`.
+    needs_all: tuple[str, ...] = ()
+    needs_any: tuple[str, ...] = ()
+    # What that means, for the error message.
+    description: str = "any env with a bounded action"
+
+    def check(self, cfg: PolicyConfig) -> None:
+        """Raise `ConfigError` (one line: the policy, what it fits, what the env lacks) on a mismatch."""
+        ((key, action),) = cfg.output_features.items()
+        inputs = cfg.input_features
+        problems = []
+        if self.action_dim is not None and list(action.shape) != [self.action_dim]:
+            problems.append(f"action {key!r} has shape {list(action.shape)}")
+        if self.bounded_action and (action.low is None or action.high is None):
+            problems.append(f"action {key!r} has no low/high bounds")
+        missing = [k for k in self.needs_all if k not in inputs]
+        if missing:
+            problems.append(f"observations lack {missing}")
+        if self.needs_any and not any(k in inputs for k in self.needs_any):
+            problems.append(f"observations have none of {list(self.needs_any)}")
+        if problems:
+            raise ConfigError(
+                f"policy={cfg.name} fits {self.description}, but the env's {' and '.join(problems)}; "
+                "pick another env or policy"
+            )
+
+
 def _bounds(cfg: PolicyConfig) -> tuple[Tensor, Tensor]:
+    """(low, high) of the action, one value per dimension (bounds given once apply to every dimension)."""
     (feature,) = cfg.output_features.values()
-    if feature.low is None or feature.high is None:
-        raise ConfigError("this baseline needs `low`/`high` bounds on the env's action feature")
     dim = feature.shape[0]
     low = torch.tensor(feature.low, dtype=torch.float32).expand(dim).clone()
     high = torch.tensor(feature.high, dtype=torch.float32).expand(dim).clone()
@@ -28,10 +67,17 @@ def _bounds(cfg: PolicyConfig) -> tuple[Tensor, Tensor]:
 class RandomConfig(PolicyConfig):
     """Uniformly random actions within the env's action bounds."""
 
+    fits: ClassVar[Fits] = Fits()
+
     name: str = "random"
     seed: int = 0
     # I.i.d. actions, so a chunk of 8 is the same distribution as 8 single draws, at 1/8 of the calls.
     n_action_steps: int = 8
+
+    def validate(self) -> None:
+        """The env's action must be a bounded vector."""
+        super().validate()
+        self.fits.check(self)
 
 
 class RandomPolicy(Policy):
@@ -76,6 +122,13 @@ class RandomPolicy(Policy):
 class ScriptedConfig(PolicyConfig):
     """A hand-written PushT pusher: walk to the block and push it through its centre toward the goal."""
 
+    fits: ClassVar[Fits] = Fits(
+        action_dim=2,
+        needs_all=(OBS_STATE,),
+        needs_any=(OBS_ENV_STATE, OBS_IMAGE),
+        description="PushT-like envs (a bounded 2-D action; the agent's position plus block keypoints or an image)",
+    )
+
     name: str = "scripted"
     goal_xy: list[float] = field(default_factory=lambda: [256.0, 256.0])
     # How far past the block centre (world units) the agent aims, along the block -> goal direction.
@@ -86,13 +139,9 @@ class ScriptedConfig(PolicyConfig):
     world_size: float = 512.0
 
     def validate(self) -> None:
-        """The pusher locates the block from keypoints or from the image."""
+        """The pusher moves a 2-D agent and locates the block from keypoints or from the image."""
         super().validate()
-        kinds = {f.kind for f in self.input_features.values()}
-        if ENV_STATE not in kinds and VISUAL not in kinds:
-            raise ConfigError(
-                "the scripted policy needs block keypoints or an image among the env's features"
-            )
+        self.fits.check(self)
 
 
 class ScriptedPushPolicy(Policy):

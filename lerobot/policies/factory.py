@@ -1,9 +1,18 @@
-"""Policy registry: name -> configuration dataclass and policy class, imported lazily."""
+"""Policy registry: name -> configuration dataclass, policy class and optional inference layer.
+
+A policy is added with one call (paths are imported only when the policy is used):
+
+    register_policy("mine", config="my_pkg.config:MyConfig", policy="my_pkg.model:MyPolicy")
+
+after which `policy=mine` works on the command line; a YAML file in `configs/policy/` is optional (the
+dataclass holds the defaults).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
-from dataclasses import fields
+from dataclasses import dataclass
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -13,27 +22,60 @@ from lerobot.config import ConfigError, EnvConfig
 from lerobot.policies.config import PolicyConfig
 from lerobot.policies.policy import Policy
 
-# name -> ("module:ConfigClass", "module:PolicyClass")
-POLICIES: dict[str, tuple[str, str]] = {
-    "random": ("lerobot.policies.baselines:RandomConfig", "lerobot.policies.baselines:RandomPolicy"),
-    "scripted": (
-        "lerobot.policies.baselines:ScriptedConfig",
-        "lerobot.policies.baselines:ScriptedPushPolicy",
-    ),
-    "diffusion": (
-        "lerobot.policies.diffusion.configuration:DiffusionConfig",
-        "lerobot.policies.diffusion.modeling:DiffusionPolicy",
-    ),
-    "tdmpc": (
-        "lerobot.policies.tdmpc.configuration:TDMPCConfig",
-        "lerobot.policies.tdmpc.modeling:TDMPCPolicy",
-    ),
-}
+
+@dataclass(frozen=True)
+class PolicyEntry:
+    """Import paths ("module:attribute") of one registered policy."""
+
+    config: str
+    policy: str
+    # A function `(policy) -> context manager` entered around evaluation (e.g. a faster inference mode).
+    inference: str | None = None
+
+
+_REGISTRY: dict[str, PolicyEntry] = {}
+
+
+def register_policy(name: str, config: str, policy: str, inference: str | None = None) -> None:
+    """Register a policy under `name` (what `policy=<name>` selects).
+
+    Args:
+        name: the policy's name; its config dataclass's `name` field must default to it.
+        config: "module:ConfigClass", a `PolicyConfig` subclass.
+        policy: "module:PolicyClass", a `Policy` subclass taking `(config, dataset_stats=None)`.
+        inference: optional "module:function" taking the policy and returning a context manager that
+            evaluation enters (see `inference_context`).
+
+    Registering the same name again with the same paths is a no-op; with other paths it is an error.
+    """
+    for path in (config, policy, inference):
+        if path is not None and path.count(":") != 1:
+            raise ValueError(f"register_policy({name!r}): {path!r} is not a 'module:attribute' path")
+    entry = PolicyEntry(config, policy, inference)
+    if _REGISTRY.get(name, entry) != entry:
+        raise ValueError(f"policy {name!r} is already registered as {_REGISTRY[name]}")
+    _REGISTRY[name] = entry
+
+
+def available_policies() -> list[str]:
+    """Names of the registered policies, sorted."""
+    return sorted(_REGISTRY)
 
 
 def _import(path: str) -> Any:
     module, name = path.split(":")
     return getattr(importlib.import_module(module), name)
+
+
+def _entry(name: Any) -> PolicyEntry:
+    if name not in _REGISTRY:
+        raise ConfigError(f"unknown policy {name!r}; available: {', '.join(available_policies())}")
+    return _REGISTRY[name]
+
+
+def policy_config_class(name: str) -> type[PolicyConfig]:
+    """The configuration dataclass registered for policy `name` (imported now)."""
+    return _import(_entry(name).config)
 
 
 def make_policy_config(policy_section: DictConfig | dict, env_cfg: EnvConfig) -> PolicyConfig:
@@ -47,10 +89,7 @@ def make_policy_config(policy_section: DictConfig | dict, env_cfg: EnvConfig) ->
         if isinstance(policy_section, DictConfig)
         else dict(policy_section)
     )
-    name = section.get("name")
-    if name not in POLICIES:
-        raise ConfigError(f"unknown policy {name!r}; available: {', '.join(sorted(POLICIES))}")
-    config_cls = _import(POLICIES[name][0])
+    config_cls = policy_config_class(section.get("name"))
     section.pop("input_features", None)
     section.pop("output_features", None)
     try:
@@ -66,13 +105,55 @@ def make_policy_config(policy_section: DictConfig | dict, env_cfg: EnvConfig) ->
     return cfg
 
 
+def resolved_policy_section(policy_section: DictConfig | dict, env_cfg: EnvConfig) -> dict[str, Any]:
+    """The `policy` section with every field of its dataclass, validated and resolved for `env_cfg`.
+
+    The env-derived `input_features`/`output_features` are left out: the env section holds them.
+    """
+    section = OmegaConf.to_container(OmegaConf.structured(make_policy_config(policy_section, env_cfg)))
+    section.pop("input_features")
+    section.pop("output_features")
+    return section
+
+
 def make_policy(policy_cfg: PolicyConfig, dataset_stats: dict | None = None) -> Policy:
     """Instantiate the policy class registered for `policy_cfg.name`."""
-    policy_cls = _import(POLICIES[policy_cfg.name][1])
+    policy_cls = _import(_entry(policy_cfg.name).policy)
     return policy_cls(policy_cfg, dataset_stats=dataset_stats)
 
 
-def policy_config_to_dict(policy_cfg: PolicyConfig) -> dict[str, Any]:
-    """The config as a plain dict without the env-derived features (what goes back into `config.yaml`)."""
-    skip = {"input_features", "output_features"}
-    return {f.name: getattr(policy_cfg, f.name) for f in fields(policy_cfg) if f.name not in skip}
+def inference_context(policy: Policy) -> contextlib.AbstractContextManager:
+    """The context manager evaluation runs `policy` in: its registered `inference` layer, else a no-op.
+
+    The registration is found by the policy's `config.name`, else by its class.
+    """
+    entry = _REGISTRY.get(getattr(getattr(policy, "config", None), "name", None))
+    if entry is None:
+        cls_path = f"{type(policy).__module__}:{type(policy).__qualname__}"
+        entry = next((e for e in _REGISTRY.values() if e.policy == cls_path), None)
+    if entry is None or entry.inference is None:
+        return contextlib.nullcontext()
+    return _import(entry.inference)(policy)
+
+
+register_policy(
+    "random",
+    config="lerobot.policies.baselines:RandomConfig",
+    policy="lerobot.policies.baselines:RandomPolicy",
+)
+register_policy(
+    "scripted",
+    config="lerobot.policies.baselines:ScriptedConfig",
+    policy="lerobot.policies.baselines:ScriptedPushPolicy",
+)
+register_policy(
+    "diffusion",
+    config="lerobot.policies.diffusion.configuration:DiffusionConfig",
+    policy="lerobot.policies.diffusion.modeling:DiffusionPolicy",
+    inference="lerobot.policies.diffusion.fast_inference:fast_inference_context",
+)
+register_policy(
+    "tdmpc",
+    config="lerobot.policies.tdmpc.configuration:TDMPCConfig",
+    policy="lerobot.policies.tdmpc.modeling:TDMPCPolicy",
+)
