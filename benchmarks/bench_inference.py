@@ -12,13 +12,14 @@ DDPM 100 steps, for fp32 eager (the modules, the default) and each inference opt
   weights (`use_conv1d_layers`), i.e. fp32 eager before our matmul formulation; `speedup_vs_conv1d`
   compares every variant with it,
 
-- `bf16 autocast`: the modules under bf16 autocast (`inference_dtype=bfloat16`),
-- `fast fp32` / `fast bf16`: `inference_fast_path=true` (see lerobot/policies/diffusion/inference.py),
-- `fast bf16 int8`: plus `inference_int8_weights=true` (int8 weights where a matmul has <= 4 rows),
-- `fast bf16 compiled`: plus `inference_compile=true` (its first chunk per batch size compiles; that time
+- `bf16 autocast`: the modules under bf16 autocast (`policy.inference.dtype=bfloat16`),
+- `fast fp32` / `fast bf16`: `policy.inference.fast=true` (lerobot/policies/diffusion/fast_inference.py),
+- `fast bf16 int8`: plus `policy.inference.int8_weights=true` (int8 weights where a matmul has <= 4 rows),
+- `fast bf16 compiled`: plus `policy.inference.compile=true` (its first chunk per batch size compiles; that time
   is reported as `first_chunk_s` and excluded from the medians); for the image model only by default,
 - `fast bf16 int8 compiled`: both options.
 
+Every variant runs inside `fast_inference_context` (a fast variant's plan is built once, before the timing).
 All variants share one set of weights and run interleaved, round by round, with the same noise seed per
 round; `speedup` is the median over rounds of (fp32 eager / variant) within a round, so machine load that
 drifts between rounds cancels. DDPM 100 on the image model is not run whole: it is extrapolated from DDPM
@@ -45,23 +46,28 @@ import lerobot  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads)
 # isort: on
 
 import argparse
+import contextlib
 import copy
 import functools
 import os
 import statistics
 import time
 import types
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 from common import RESULTS_DIR, load_env, machine_info, print_table, save_results
-from omegaconf import OmegaConf
 from torch import nn
 from torch.nn import functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from lerobot.cli import CONFIG_DIR
-from lerobot.policies.diffusion.inference import INT8_MAX_ROWS, InferencePlan, PreparedLinear
+from lerobot.policies.diffusion.fast_inference import (
+    INT8_MAX_ROWS,
+    InferencePlan,
+    PreparedLinear,
+    fast_inference_context,
+)
 from lerobot.policies.diffusion.modeling import DiffusionPolicy
 from lerobot.policies.diffusion.unet import TemporalConv1d, TemporalUpsample1d
 from lerobot.policies.factory import make_policy, make_policy_config
@@ -81,28 +87,16 @@ TIME_COLUMNS = [
 ]
 # The paper's layers: nn.Conv1d / nn.ConvTranspose1d on the same weights, fp32 eager (see `use_conv1d_layers`).
 CONV1D = "fp32 eager Conv1d"
+# Variant name -> its `policy.inference` section (`FastInferenceConfig` fields).
 VARIANTS = {
     "fp32 eager": {},
     CONV1D: {},
-    "bf16 autocast": {"inference_dtype": "bfloat16"},
-    "fast fp32": {"inference_fast_path": True},
-    "fast bf16": {"inference_fast_path": True, "inference_dtype": "bfloat16"},
-    "fast bf16 int8": {
-        "inference_fast_path": True,
-        "inference_dtype": "bfloat16",
-        "inference_int8_weights": True,
-    },
-    "fast bf16 compiled": {
-        "inference_fast_path": True,
-        "inference_dtype": "bfloat16",
-        "inference_compile": True,
-    },
-    "fast bf16 int8 compiled": {
-        "inference_fast_path": True,
-        "inference_dtype": "bfloat16",
-        "inference_int8_weights": True,
-        "inference_compile": True,
-    },
+    "bf16 autocast": {"dtype": "bfloat16"},
+    "fast fp32": {"fast": True},
+    "fast bf16": {"fast": True, "dtype": "bfloat16"},
+    "fast bf16 int8": {"fast": True, "dtype": "bfloat16", "int8_weights": True},
+    "fast bf16 compiled": {"fast": True, "dtype": "bfloat16", "compile": True},
+    "fast bf16 int8 compiled": {"fast": True, "dtype": "bfloat16", "int8_weights": True, "compile": True},
 }
 
 
@@ -138,16 +132,25 @@ def synthetic_stats(policy_cfg) -> dict:
 def build_policies(env_name: str, variants: list[str]) -> dict[str, DiffusionPolicy]:
     """One policy per variant, all sharing the first one's weight tensors (`load_state_dict(assign=True)`)."""
     env_cfg = load_env(env_name)
-    section = OmegaConf.load(CONFIG_DIR / "policy" / "diffusion.yaml")
     torch.manual_seed(0)
     policies = {}
     for name in variants:
-        policy_cfg = make_policy_config(OmegaConf.merge(section, VARIANTS[name]), env_cfg)
+        # The paper's settings are the defaults of `DiffusionConfig`.
+        policy_cfg = make_policy_config({"name": "diffusion", "inference": VARIANTS[name]}, env_cfg)
         policy = make_policy(policy_cfg, synthetic_stats(policy_cfg))
         if policies:
             policy.load_state_dict(next(iter(policies.values())).state_dict(), assign=True)
         policies[name] = (use_conv1d_layers(policy) if name == CONV1D else policy).eval()
     return policies
+
+
+@contextlib.contextmanager
+def inference_layers(policies: dict[str, DiffusionPolicy]) -> Iterator[None]:
+    """Every policy inside its `fast_inference_context`: each variant's plan is built here, once."""
+    with contextlib.ExitStack() as stack:
+        for policy in policies.values():
+            stack.enter_context(fast_inference_context(policy))
+        yield
 
 
 def observations(policy: DiffusionPolicy, batch_size: int, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -206,7 +209,7 @@ def matmul_peaks(repeats: int = 10, n: int = 2048) -> dict:
 def fast_step_weight_bytes(policy: DiffusionPolicy, obs: dict) -> int:
     """Bytes of weights one fast-path U-Net step reads at this batch: each matmul's bf16/fp32 weight, or its
     int8 copy (plus scales) where the call has few enough rows to take it (`INT8_MAX_ROWS`)."""
-    plan = policy.inference_plan()
+    unet = policy.chunk_networks.denoiser
     total = 0
 
     def count(layer: PreparedLinear, args: tuple) -> None:
@@ -217,14 +220,14 @@ def fast_step_weight_bytes(policy: DiffusionPolicy, obs: dict) -> int:
             tensors = [layer.packed if layer.packed is not None else layer.weight]
         total += sum(t.numel() * t.element_size() for t in tensors)
 
-    layers = [m for m in plan.unet.modules() if isinstance(m, PreparedLinear)]
+    layers = [m for m in unet.modules() if isinstance(m, PreparedLinear)]
     hooks = [layer.register_forward_pre_hook(count) for layer in layers]
-    compiled = plan.unet.compiled  # the same matmuls run eager (a compiled graph skips the hooks)
-    plan.unet.__dict__["compiled"] = None
+    compiled = unet.compiled  # the same matmuls run eager (a compiled graph skips the hooks)
+    unet.__dict__["compiled"] = None
     try:
         chunk(policy, obs, "DDIM", 1, seed=0)
     finally:
-        plan.unet.__dict__["compiled"] = compiled
+        unet.__dict__["compiled"] = compiled
         for hook in hooks:
             hook.remove()
     return total
@@ -248,13 +251,13 @@ def time_batch(policies: dict, model: str, batch: int, repeats: int, ddpm_direct
     # of this size (as a fixed-batch evaluation does), not the dynamic-batch graph a second size compiles.
     torch._dynamo.reset()
     first = {}
-    for name, policy in policies.items():  # builds plans, compiles; excluded from the medians
+    for name, policy in policies.items():  # warms up, compiles; excluded from the medians
         first[name] = chunk(policy, obs, "DDIM", 2, seed=0)[0] / 1e3
     fixed_flops, step_flops = count_flops(policies[BASELINE], obs)
     fast_step_bytes = {
         name: fast_step_weight_bytes(policy, obs)
         for name, policy in policies.items()
-        if policy.config.inference_fast_path
+        if policy.config.inference.fast
     }
 
     # schedule name -> list of (scheduler, steps) chunks timed per round
@@ -294,7 +297,7 @@ def time_batch(policies: dict, model: str, batch: int, repeats: int, ddpm_direct
             # Bytes of U-Net weights read per chunk: every step reads all of them (fp32: 4 bytes, bf16: 2;
             # the fast path: what its matmuls read, see `fast_step_weight_bytes`); autocast also reads the
             # fp32 weights once per chunk to cast them.
-            bf16 = VARIANTS[name].get("inference_dtype") == "bfloat16"
+            bf16 = VARIANTS[name].get("dtype") == "bfloat16"
             if name in fast_step_bytes:
                 weight_gb = n_steps * fast_step_bytes[name] / 1e9
             else:
@@ -340,7 +343,7 @@ def time_batch(policies: dict, model: str, batch: int, repeats: int, ddpm_direct
 def steady_state(policies: dict, model: str, batch: int, repeats: int, per_block: int = 3) -> list[dict]:
     """DDIM10 chunks of each variant in blocks of `per_block` back to back, as an evaluation runs one policy
     chunk after chunk; the block's first chunk is dropped. `time_batch` interleaves single chunks, so every
-    chunk starts with the caches (480 MB of L3 here) full of another variant's weights; this checks whether
+    chunk starts with the caches (L3) full of another variant's weights; this checks whether
     a variant gains from its own weights staying there. Ratios within a round, medians over `repeats`."""
     obs = observations(next(iter(policies.values())), batch)
     times = {name: [] for name in policies}
@@ -453,45 +456,25 @@ def profile_step(policy: DiffusionPolicy, batch: int, top: int = 8) -> list[dict
 
 
 # ----------------------------------------------------------------------------------------------- parity
+DDIM10 = ["policy.inference_scheduler=DDIM", "policy.num_inference_steps=10"]
+DDPM100 = ["policy.inference_scheduler=DDPM", "policy.num_inference_steps=100"]
+
+
+def _inference_overrides(variant: str) -> list[str]:
+    """The command-line overrides of a `VARIANTS` entry, e.g. `policy.inference.fast=true`."""
+    return [f"policy.inference.{key}={str(value).lower()}" for key, value in VARIANTS[variant].items()]
+
+
 PARITY_RUNS = {
-    "fp32 DDIM10": ["policy.inference_scheduler=DDIM", "policy.num_inference_steps=10"],
-    "fast bf16 DDIM10": [
-        "policy.inference_scheduler=DDIM",
-        "policy.num_inference_steps=10",
-        "policy.inference_fast_path=true",
-        "policy.inference_dtype=bfloat16",
-    ],
-    "fp32 DDPM100": ["policy.inference_scheduler=DDPM", "policy.num_inference_steps=100"],
-    "fast bf16 DDPM100": [
-        "policy.inference_scheduler=DDPM",
-        "policy.num_inference_steps=100",
-        "policy.inference_fast_path=true",
-        "policy.inference_dtype=bfloat16",
-    ],
+    "fp32 DDIM10": DDIM10,
+    "fast bf16 DDIM10": DDIM10 + _inference_overrides("fast bf16"),
+    "fp32 DDPM100": DDPM100,
+    "fast bf16 DDPM100": DDPM100 + _inference_overrides("fast bf16"),
     # int8 weights are read only by matmuls with <= INT8_MAX_ROWS rows: compare it at --eval-batch 1.
-    "fast bf16 int8 DDIM10": [
-        "policy.inference_scheduler=DDIM",
-        "policy.num_inference_steps=10",
-        "policy.inference_fast_path=true",
-        "policy.inference_dtype=bfloat16",
-        "policy.inference_int8_weights=true",
-    ],
+    "fast bf16 int8 DDIM10": DDIM10 + _inference_overrides("fast bf16 int8"),
     # The batch-1 setting (int8 weights are read at batch 1 only): compare it at --eval-batch 1.
-    "fast bf16 int8 compiled DDIM10": [
-        "policy.inference_scheduler=DDIM",
-        "policy.num_inference_steps=10",
-        "policy.inference_fast_path=true",
-        "policy.inference_dtype=bfloat16",
-        "policy.inference_int8_weights=true",
-        "policy.inference_compile=true",
-    ],
-    "fast bf16 compiled DDIM10": [
-        "policy.inference_scheduler=DDIM",
-        "policy.num_inference_steps=10",
-        "policy.inference_fast_path=true",
-        "policy.inference_dtype=bfloat16",
-        "policy.inference_compile=true",
-    ],
+    "fast bf16 int8 compiled DDIM10": DDIM10 + _inference_overrides("fast bf16 int8 compiled"),
+    "fast bf16 compiled DDIM10": DDIM10 + _inference_overrides("fast bf16 compiled"),
 }
 DEFAULT_PARITY_RUNS = ["fp32 DDIM10", "fast bf16 DDIM10", "fp32 DDPM100", "fast bf16 DDPM100"]
 
@@ -559,96 +542,103 @@ def parity(
     policies = {
         name: load_policy(ckpt, cfg=checkpoint_config(ckpt, PARITY_RUNS[name] + common))[0] for name in runs
     }
-    env_cfg = env_config(checkpoint_config(ckpt, common))
-    evals, per_run = [], {name: ([], []) for name in policies}
-    for noise_seed in noise_seeds:
-        for name, policy in policies.items():
-            set_seed(noise_seed)
-            env = make_env(env_cfg, min(batch, n_episodes), use_async=False)
-            try:
-                info = eval_policy(env, policy, n_episodes, start_seed=start_seed, progress=False)
-            finally:
-                env.close()
-            successes = torch.tensor([float(ep["success"]) for ep in info["per_episode"]])
-            max_rewards = torch.tensor([ep["max_reward"] for ep in info["per_episode"]])
-            per_run[name][0].append(successes)
-            per_run[name][1].append(max_rewards)
-            row = _summary(name, successes, max_rewards)
-            row.update(
-                noise_seed=noise_seed, eval_s=info["aggregated"]["eval_s"], max_reward=max_rewards.tolist()
-            )
-            evals.append(row)
-            print_table([row], ["run", "noise_seed", "pc_success", "avg_max_reward", "eval_s"])
-    pooled = [_summary(name, torch.cat(s), torch.cat(r)) for name, (s, r) in per_run.items()]
-    print(f"pooled over noise seeds {noise_seeds}:")
-    print_table(
-        pooled, ["run", "n_episodes", "pc_success", "pc_success_se", "avg_max_reward", "avg_max_reward_se"]
-    )
-
-    # Chunk time at the eval batch (and 1, 8), DDPM100 vs DDIM10 and fp32 vs fast, interleaved.
-    cfg = checkpoint_config(ckpt, common)
-    obs = _dataset_observations(cfg, next(iter(policies.values())), 256)
-    if obs is None:
-        env = make_env(env_config(cfg), batch, use_async=False)
-        raw, _ = env.reset(seed=[start_seed + i for i in range(batch)])
-        env.close()
-        first = observation_to_batch(raw)
-        obs = {k: v.unsqueeze(1).expand(-1, cfg.policy.n_obs_steps, *v.shape[1:]) for k, v in first.items()}
-    timing = []
-    for b in sorted({1, 8, batch}):
-        sub = {k: v[:b] for k, v in obs.items()}
-        times = {name: [] for name in policies}
-        for r in range(repeats + 1):
+    with inference_layers(policies):
+        env_cfg = env_config(checkpoint_config(ckpt, common))
+        evals, per_run = [], {name: ([], []) for name in policies}
+        for noise_seed in noise_seeds:
             for name, policy in policies.items():
-                ms = chunk(policy, sub, *_schedule(name), seed=r)[0]
-                if r:  # the first round builds plans
-                    times[name].append(ms)
-        for name in policies:
-            timing.append({"batch": b, "run": name, "ms_per_chunk": statistics.median(times[name])})
-    for row in timing:
-        same = {r["run"]: r["ms_per_chunk"] for r in timing if r["batch"] == row["batch"]}
-        ddpm, ddim = (
-            same.get(row["run"].replace("DDIM10", "DDPM100")),
-            same.get(row["run"].replace("DDPM100", "DDIM10")),
+                set_seed(noise_seed)
+                env = make_env(env_cfg, min(batch, n_episodes), use_async=False)
+                try:
+                    info = eval_policy(env, policy, n_episodes, start_seed=start_seed, progress=False)
+                finally:
+                    env.close()
+                successes = torch.tensor([float(ep["success"]) for ep in info["per_episode"]])
+                max_rewards = torch.tensor([ep["max_reward"] for ep in info["per_episode"]])
+                per_run[name][0].append(successes)
+                per_run[name][1].append(max_rewards)
+                row = _summary(name, successes, max_rewards)
+                row.update(
+                    noise_seed=noise_seed,
+                    eval_s=info["aggregated"]["eval_s"],
+                    max_reward=max_rewards.tolist(),
+                )
+                evals.append(row)
+                print_table([row], ["run", "noise_seed", "pc_success", "avg_max_reward", "eval_s"])
+        pooled = [_summary(name, torch.cat(s), torch.cat(r)) for name, (s, r) in per_run.items()]
+        print(f"pooled over noise seeds {noise_seeds}:")
+        print_table(
+            pooled,
+            ["run", "n_episodes", "pc_success", "pc_success_se", "avg_max_reward", "avg_max_reward_se"],
         )
-        row["ddpm100_over_ddim10"] = ddpm / ddim if ddpm and ddim and ddpm is not ddim else None
-        fp32 = same.get("fp32 " + row["run"].split(" ")[-1])
-        row["fp32_over_this"] = fp32 / row["ms_per_chunk"] if fp32 else None
-    print_table(timing, ["batch", "run", "ms_per_chunk", "ddpm100_over_ddim10", "fp32_over_this"])
 
-    # Actions of every other run vs fp32 with the same schedule, on demonstration observations, same noise,
-    # in action units, in chunks of the eval batch (int8 weights are read at small batches only).
-    diffs = []
-    for name, policy in policies.items():
-        ref = policies.get("fp32 " + name.split(" ")[-1])
-        if ref is None or ref is policy:
-            continue
-        parts = [
-            {k: v[i : i + batch] for k, v in obs.items()} for i in range(0, len(obs[next(iter(obs))]), batch)
-        ]
-        a = torch.cat([chunk(ref, part, *_schedule(name), seed=7)[2] for part in parts])
-        b = torch.cat([chunk(policy, part, *_schedule(name), seed=7)[2] for part in parts])
-        d = (a - b).abs()
-        diffs.append(
-            {
-                "run": name,
-                "chunk_batch": batch,
-                "n_observations": a.shape[0],
-                "max_abs_diff": d.max().item(),
-                "mean_abs_diff": d.mean().item(),
-                "p99_abs_diff": d.flatten().quantile(0.99).item(),
+        # Chunk time at the eval batch (and 1, 8), DDPM100 vs DDIM10 and fp32 vs fast, interleaved.
+        cfg = checkpoint_config(ckpt, common)
+        obs = _dataset_observations(cfg, next(iter(policies.values())), 256)
+        if obs is None:
+            env = make_env(env_config(cfg), batch, use_async=False)
+            raw, _ = env.reset(seed=[start_seed + i for i in range(batch)])
+            env.close()
+            first = observation_to_batch(raw)
+            obs = {
+                k: v.unsqueeze(1).expand(-1, cfg.policy.n_obs_steps, *v.shape[1:]) for k, v in first.items()
             }
+        timing = []
+        for b in sorted({1, 8, batch}):
+            sub = {k: v[:b] for k, v in obs.items()}
+            times = {name: [] for name in policies}
+            for r in range(repeats + 1):
+                for name, policy in policies.items():
+                    ms = chunk(policy, sub, *_schedule(name), seed=r)[0]
+                    if r:  # the first round warms up (and compiles)
+                        times[name].append(ms)
+            for name in policies:
+                timing.append({"batch": b, "run": name, "ms_per_chunk": statistics.median(times[name])})
+        for row in timing:
+            same = {r["run"]: r["ms_per_chunk"] for r in timing if r["batch"] == row["batch"]}
+            ddpm, ddim = (
+                same.get(row["run"].replace("DDIM10", "DDPM100")),
+                same.get(row["run"].replace("DDPM100", "DDIM10")),
+            )
+            row["ddpm100_over_ddim10"] = ddpm / ddim if ddpm and ddim and ddpm is not ddim else None
+            fp32 = same.get("fp32 " + row["run"].split(" ")[-1])
+            row["fp32_over_this"] = fp32 / row["ms_per_chunk"] if fp32 else None
+        print_table(timing, ["batch", "run", "ms_per_chunk", "ddpm100_over_ddim10", "fp32_over_this"])
+
+        # Actions of every other run vs fp32 with the same schedule, on demonstration observations, same noise,
+        # in action units, in chunks of the eval batch (int8 weights are read at small batches only).
+        diffs = []
+        for name, policy in policies.items():
+            ref = policies.get("fp32 " + name.split(" ")[-1])
+            if ref is None or ref is policy:
+                continue
+            parts = [
+                {k: v[i : i + batch] for k, v in obs.items()}
+                for i in range(0, len(obs[next(iter(obs))]), batch)
+            ]
+            a = torch.cat([chunk(ref, part, *_schedule(name), seed=7)[2] for part in parts])
+            b = torch.cat([chunk(policy, part, *_schedule(name), seed=7)[2] for part in parts])
+            d = (a - b).abs()
+            diffs.append(
+                {
+                    "run": name,
+                    "chunk_batch": batch,
+                    "n_observations": a.shape[0],
+                    "max_abs_diff": d.max().item(),
+                    "mean_abs_diff": d.mean().item(),
+                    "p99_abs_diff": d.flatten().quantile(0.99).item(),
+                }
+            )
+        print_table(
+            diffs, ["run", "chunk_batch", "n_observations", "max_abs_diff", "mean_abs_diff", "p99_abs_diff"]
         )
-    print_table(
-        diffs, ["run", "chunk_batch", "n_observations", "max_abs_diff", "mean_abs_diff", "p99_abs_diff"]
-    )
-    return {
-        "checkpoint": str(ckpt),
-        "evals": evals,
-        "pooled": pooled,
-        "chunk_timing": timing,
-        "action_diffs": diffs,
-    }
+        return {
+            "checkpoint": str(ckpt),
+            "evals": evals,
+            "pooled": pooled,
+            "chunk_timing": timing,
+            "action_diffs": diffs,
+        }
 
 
 # ----------------------------------------------------------------------------------------------- report
@@ -711,13 +701,12 @@ def main(argv: list[str] | None = None) -> None:
         choices=list(MODELS),
         help="models that also get the torch.compile variant (~1 min of compiling per batch size each)",
     )
-    parser.add_argument("--name", default="inference", help="results/<name>.json and .png")
     parser.add_argument(
         "--parity",
         type=Path,
         metavar="CHECKPOINT",
         help="instead: success parity of a trained checkpoint (--parity-runs, default fp32 vs fast bf16, "
-        "DDIM10 vs DDPM100), written to results/<name>_parity.json",
+        "DDIM10 vs DDPM100), written to results/inference_parity.json",
     )
     parser.add_argument("--parity-runs", nargs="+", default=DEFAULT_PARITY_RUNS, choices=list(PARITY_RUNS))
     parser.add_argument("--episodes", type=int, default=50)
@@ -737,7 +726,7 @@ def main(argv: list[str] | None = None) -> None:
             args.parity_runs,
         )
         path = save_results(
-            f"{args.name}_parity", result.pop("evals"), {**result, "args": _jsonable(vars(args))}
+            "inference_parity", result.pop("evals"), {**result, "args": _jsonable(vars(args))}
         )
         print(f"wrote {path}")
         return
@@ -757,24 +746,25 @@ def main(argv: list[str] | None = None) -> None:
             if (v == BASELINE or v in args.variants) and (model in args.compile_models or "compiled" not in v)
         ]
         policies = build_policies(MODELS[model], variants)
-        n_params = sum(p.numel() for p in policies[BASELINE].parameters())
-        print(f"\n{model}: {n_params / 1e6:.1f}M parameters, load average {os.getloadavg()[0]:.1f}")
-        for batch in args.batch_sizes:
-            rows += time_batch(policies, model, batch, args.repeats, ddpm_direct=model != "image")
-            if model == "image" and batch <= 8:
-                steady += steady_state(policies, model, batch, args.repeats)
-        if model == "image":
-            ablation = unet_step_ablation(
-                policies[BASELINE], [b for b in args.batch_sizes if b <= 8], args.repeats
-            )
-            profile = [e for b in (1, 8) for e in profile_step(policies[BASELINE], b)]
+        with inference_layers(policies):
+            n_params = sum(p.numel() for p in policies[BASELINE].parameters())
+            print(f"\n{model}: {n_params / 1e6:.1f}M parameters, load average {os.getloadavg()[0]:.1f}")
+            for batch in args.batch_sizes:
+                rows += time_batch(policies, model, batch, args.repeats, ddpm_direct=model != "image")
+                if model == "image" and batch <= 8:
+                    steady += steady_state(policies, model, batch, args.repeats)
+            if model == "image":
+                ablation = unet_step_ablation(
+                    policies[BASELINE], [b for b in args.batch_sizes if b <= 8], args.repeats
+                )
+                profile = [e for b in (1, 8) for e in profile_step(policies[BASELINE], b)]
         del policies
     for row in rows:
         row["pct_of_fp32_peak"] = 100 * row["gflops_per_s"] / peaks["float32_best"]
         row["pct_of_bf16_peak"] = 100 * row["gflops_per_s"] / peaks["bfloat16_best"]
         row["pct_of_read_bandwidth"] = 100 * row["weight_gb_per_s"] / peaks["read_gb_per_s"]
     path = save_results(
-        args.name,
+        "inference",
         rows,
         {
             "peaks_gflops": peaks,
@@ -784,13 +774,13 @@ def main(argv: list[str] | None = None) -> None:
             "args": vars(args),
         },
     )
-    plot(rows, RESULTS_DIR / f"{args.name}.png")
+    plot(rows, RESULTS_DIR / "inference.png")
     print("\nsummary (speedup = fp32 eager / variant, same rounds):")
     print_table(
         rows,
         [*TIME_COLUMNS, "pct_of_bf16_peak", "pct_of_read_bandwidth", "mean_abs_diff", "extrapolated"],
     )
-    print(f"wrote {path} and {RESULTS_DIR / (args.name + '.png')}; machine: {machine_info()}")
+    print(f"wrote {path} and {RESULTS_DIR / 'inference.png'}; machine: {machine_info()}")
 
 
 if __name__ == "__main__":
