@@ -1,12 +1,12 @@
-"""Baseline policies: the random policy's bounds, determinism and loaded bounds."""
+"""Baseline policies: the random policy's bounds, determinism and loaded bounds; the envs each one fits."""
 
 import numpy as np
 import pytest
 import torch
 from omegaconf import OmegaConf
 
-from lerobot.cli import CONFIG_DIR
-from lerobot.config import env_config, validate_config
+from lerobot.cli import CONFIG_DIR, compose_config
+from lerobot.config import ConfigError, env_config, validate_config
 from lerobot.constants import OBS_STATE
 from lerobot.policies.factory import make_policy, make_policy_config
 
@@ -41,3 +41,25 @@ def test_random_policy_reads_loaded_bounds_at_reset(random_policy):
     actions = np.concatenate(_chunks(random_policy, 2))
     assert actions[..., 0].min() >= 100.0 and actions[..., 0].max() <= 101.0
     assert actions[..., 1].min() >= 200.0 and actions[..., 1].max() <= 201.0
+
+
+def _env(name: str):
+    return env_config(validate_config({"env": OmegaConf.load(CONFIG_DIR / "env" / f"{name}.yaml")}))
+
+
+def test_baselines_declare_the_envs_they_fit():
+    """scripted: a bounded 2-D action, the agent's position and keypoints or an image; random: any bounded action."""
+    for env in ("pusht", "pusht_keypoints"):
+        make_policy_config({"name": "scripted"}, _env(env))
+    with pytest.raises(ConfigError, match=r"policy=scripted fits .*action 'action' has shape \[1\]"):
+        make_policy_config({"name": "scripted"}, _env("pendulum"))
+    with pytest.raises(ConfigError, match="policy=scripted"):
+        compose_config(["policy=scripted", "env=pendulum"])  # at config validation, before any env exists
+    policy = make_policy(make_policy_config({"name": "random"}, _env("pendulum")))
+    assert policy.predict_action_chunk({OBS_STATE: torch.zeros(2, 1, 3)}).shape == (2, 8, 1)
+    unbounded = _env("pendulum")
+    unbounded.features["action"].low = None
+    with pytest.raises(
+        ConfigError, match="policy=random fits any env with a bounded action, but .* no low/high"
+    ):
+        make_policy_config({"name": "random"}, unbounded)

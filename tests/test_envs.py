@@ -1,6 +1,8 @@
 """make_env and the sync/async choice."""
 
+import numpy as np
 import pytest
+import torch
 from gymnasium.vector import AsyncVectorEnv, SyncVectorEnv
 from omegaconf import OmegaConf
 
@@ -73,3 +75,51 @@ def test_use_async_auto_is_measured_and_cached(monkeypatch, tmp_path):
 
 def test_measure_vector_steps_per_s_runs():
     assert factory.measure_vector_steps_per_s(load("pusht_keypoints"), 2, use_async=False, n_steps=5) > 0
+
+
+def test_observation_to_batch_converts_by_layout_into_fresh_memory():
+    """Images (B, H, W, C) uint8 -> (B, C, H, W) float32 / 255; vectors -> float32; nothing aliases the input
+    (the vector env's buffers are overwritten by the next step while a policy may keep the tensors)."""
+    rng = np.random.default_rng(0)
+    image = rng.integers(0, 256, (4, 6, 5, 3), dtype=np.uint8)
+    state32 = rng.random((4, 2), dtype=np.float32)
+    state64 = rng.random((4, 7))
+    batch = observation_to_batch({"observation.image": image, "a": state32, "b": state64})
+    assert (
+        batch["observation.image"].shape == (4, 3, 6, 5) and batch["observation.image"].dtype == torch.float32
+    )
+    torch.testing.assert_close(
+        batch["observation.image"], torch.from_numpy(image).permute(0, 3, 1, 2).float() / 255.0
+    )
+    assert batch["a"].dtype == batch["b"].dtype == torch.float32
+    torch.testing.assert_close(batch["a"], torch.from_numpy(state32))
+    for tensor, array in ((batch["observation.image"], image), (batch["a"], state32), (batch["b"], state64)):
+        assert not np.shares_memory(tensor.numpy(), array)
+    state32[:] = -1.0  # the env writes its next observation into the same buffer
+    assert batch["a"].min() >= 0.0
+
+
+def test_observation_keys_map_nested_and_whole_observations():
+    pendulum = load("pendulum")
+    assert dict(pendulum.observation_keys) == {".": "observation.state"}
+    env = make_env(pendulum, 2, copy=False)
+    try:
+        obs, _ = env.reset(seed=0)
+        assert set(obs) == {"observation.state"} and obs["observation.state"].shape == (2, 3)
+        assert list(env.single_observation_space.spaces) == ["observation.state"]
+    finally:
+        env.close()
+    keypoints = load("pusht_keypoints")
+    keypoints.observation_keys = {}
+    with pytest.raises(ConfigError, match="no env.observation_keys"):
+        make_env(keypoints, 1)
+
+
+def test_env_yaml_must_map_every_observation_feature():
+    env = OmegaConf.load("configs/env/pusht.yaml")
+    env.observation_keys = {"pixels": "observation.image"}
+    with pytest.raises(ConfigError, match="maps nothing to feature 'observation.state'"):
+        validate_config({"env": env})
+    env.observation_keys = {"pixels": "observation.image", "agent_pos": "observation.velocity"}
+    with pytest.raises(ConfigError, match="'observation.velocity' is not an observation feature"):
+        validate_config({"env": env})

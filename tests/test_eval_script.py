@@ -72,6 +72,8 @@ def test_eval_checkpoint_round_trip(tmp_path):
         (["policy=nope"], "available policy options"),
         (["policy=random", "eval.n_episodes=0"], "eval.n_episodes"),
         (["policy=random", "eval.bogus=1"], "bogus"),
+        (["policy=random", "policy.bogus=1"], "Key 'bogus' not in 'RandomConfig'"),
+        (["policy=scripted", "env=pendulum"], "policy=scripted fits"),
         (["policy=random", "eval.step_timeout_s=0"], "eval.step_timeout_s"),
         (["policy=random", "eval.schedule=sometimes"], "eval.schedule"),
         (["--checkpoint", "/does/not/exist"], "does not exist"),

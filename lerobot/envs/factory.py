@@ -205,7 +205,7 @@ def resolve_use_async(setting: str | bool, env_cfg: EnvConfig, n_envs: int) -> b
     `auto` is a measurement, not a guess: with one env or one core it is sync; otherwise it times a few
     dozen random-action steps of a sync and an async vector env of `n_envs` (rendering on) and picks the
     faster. The choice is cached per machine (cores), env and env count in
-    `~/.cache/lerobot/vector_env_choice.json`, so the probe (a few seconds) runs once.
+    `~/.cache/lerobot/vector_env_choice.json`, so the probe runs once.
     """
     value = str(setting).lower()
     if value in ("true", "false"):

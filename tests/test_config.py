@@ -1,0 +1,73 @@
+"""One source for every default: YAML files state only choices and real overrides; the validated config
+(what checkpoints save) holds every field, the policy section's included."""
+
+from dataclasses import MISSING, fields
+
+import pytest
+from omegaconf import OmegaConf
+
+from lerobot.cli import CONFIG_DIR, compose_config
+from lerobot.config import EnvConfig, EvalConfig, RootConfig, TrainingConfig, env_config
+from lerobot.policies.factory import available_policies, make_policy, make_policy_config, policy_config_class
+from lerobot.training.checkpoint import CONFIG_FILE, load_config, save_checkpoint
+
+FEATURE_FIELDS = {"input_features", "output_features"}
+
+
+def _defaults(cls) -> dict:
+    return OmegaConf.to_container(OmegaConf.structured(cls))
+
+
+def _restated(section: dict, cls, allowed: frozenset = frozenset()) -> list[str]:
+    """Keys of `section` whose value equals the dataclass default (a second source of that default)."""
+    defaults = _defaults(cls)
+    return [k for k, v in section.items() if k not in allowed and k in defaults and defaults[k] == v]
+
+
+def test_default_yaml_holds_only_the_defaults_list():
+    assert list(OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "default.yaml"))) == ["defaults"]
+
+
+@pytest.mark.parametrize("path", sorted((CONFIG_DIR / "env").glob("*.yaml")), ids=lambda p: p.stem)
+def test_env_yaml_restates_no_default(path):
+    env = OmegaConf.to_container(OmegaConf.load(path))
+    assert env["name"] == path.stem
+    assert _restated(env, EnvConfig, frozenset({"name"})) == []
+
+
+def test_experiment_yaml_restates_no_default():
+    exp = OmegaConf.to_container(
+        OmegaConf.load(CONFIG_DIR / "experiment" / "diffusion_pusht_keypoints_cpu.yaml")
+    )
+    assert _restated(exp["policy"], policy_config_class("diffusion")) == []
+    assert _restated(exp["training"], TrainingConfig) == []
+    assert _restated(exp["eval"], EvalConfig) == []
+    top = {k: v for k, v in exp.items() if not isinstance(v, dict | list)}
+    assert _restated(top, RootConfig) == []
+
+
+@pytest.mark.parametrize("name", ["diffusion", "tdmpc", "random", "scripted"])
+def test_composed_and_saved_config_hold_every_field(name, tmp_path):
+    env = "pendulum" if name == "tdmpc" else "pusht_keypoints"
+    cfg = compose_config([f"policy={name}", f"env={env}"])
+    want = {f.name for f in fields(policy_config_class(name))} - FEATURE_FIELDS
+    assert set(cfg.policy) == want
+    # Fields left None by the dataclass for `validate()` to resolve are saved resolved.
+    if name == "diffusion":
+        assert cfg.policy.down_dims == [256, 512, 1024] and cfg.policy.batch_size == 256
+    for section, cls in (("training", TrainingConfig), ("eval", EvalConfig)):
+        assert set(cfg[section]) == {f.name for f in fields(cls)}
+    if name in ("random", "scripted"):
+        policy = make_policy(make_policy_config(cfg.policy, env_config(cfg)))
+        ckpt = save_checkpoint(tmp_path, 0, policy, cfg)
+        saved = OmegaConf.load(ckpt / CONFIG_FILE)
+        assert set(saved.policy) == want and saved.eval.schedule == "refill_aligned"
+        assert load_config(ckpt) == cfg
+
+
+def test_every_registered_policy_composes_without_a_yaml():
+    assert not list((CONFIG_DIR / "policy").glob("*.yaml"))
+    assert set(available_policies()) >= {"diffusion", "tdmpc", "random", "scripted"}
+    cfg = compose_config(["policy=tdmpc", "env=pendulum", "policy.num_samples=64"])
+    assert cfg.policy.num_samples == 64 and cfg.policy.name == "tdmpc"
+    assert all(f.default is not MISSING or f.default_factory is not MISSING for f in fields(RootConfig))
