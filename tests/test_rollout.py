@@ -6,7 +6,6 @@ import signal
 import time
 
 import gym_pusht  # noqa: F401  (registers the gym_pusht namespace for the reference env)
-import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -16,7 +15,7 @@ from toy_env import make_toy, term_at
 
 from lerobot.config import env_config, validate_config
 from lerobot.constants import OBS_STATE
-from lerobot.envs import make_env, observation_to_batch
+from lerobot.envs import make_env, make_single_env, observation_to_batch
 from lerobot.policies import Policy
 from lerobot.rollout import EnvWorkerError, eval_policy
 
@@ -233,7 +232,7 @@ class ChaseKeypointPolicy(Policy):
 def test_pusht_policy_matches_reference(use_async):
     env_cfg = _pusht_env_cfg("pusht_keypoints", 40)
     policy = ChaseKeypointPolicy()
-    single = functools.partial(gym.make, env_cfg.gym_id, max_episode_steps=40, **env_cfg.gym_kwargs)
+    single = functools.partial(make_single_env, env_cfg)  # gym.make plus the observation-key wrapper
     want = reference(single, policy, 5, 100)
     for num_envs in (1, 3, 4):
         env = make_env(env_cfg, num_envs, use_async=use_async)
