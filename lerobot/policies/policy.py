@@ -53,8 +53,6 @@ class Policy(nn.Module, abc.ABC):
             raise ValueError(f"n_obs_steps={n_obs_steps} and n_action_steps={n_action_steps} must be >= 1")
         self.n_obs_steps = n_obs_steps
         self.n_action_steps = n_action_steps
-        # During `predict_action_chunk`: the env slots (LongTensor) its batch rows are; None = all envs.
-        self.chunk_env_ids: Tensor | None = None
         self.reset()
 
     # ----------------------------------------------------------------- to implement
@@ -74,6 +72,11 @@ class Policy(nn.Module, abc.ABC):
         return [{"params": [p for p in self.parameters() if p.requires_grad]}]
 
     # ----------------------------------------------------------------- acting
+    @property
+    def chunk_env_ids(self) -> Tensor | None:
+        """During `predict_action_chunk`: the env slots (LongTensor) its batch rows are; None for all envs."""
+        return self._acting.chunk_env_ids
+
     def reset(self, env_ids: Sequence[int] | Tensor | np.ndarray | None = None) -> None:
         """Clear observation history and action queue, for all envs (`None`) or only for `env_ids`."""
         if env_ids is None:
@@ -125,12 +128,12 @@ class Policy(nn.Module, abc.ABC):
         """Predict chunks for the envs `ids` from their histories and queue their first n_action_steps."""
         history = self._stacked_history(state, ids)
         device = next(iter(history.values())).device
-        self.chunk_env_ids = None if ids.size == state.batch_size else torch.from_numpy(ids).to(device)
+        state.chunk_env_ids = None if ids.size == state.batch_size else torch.from_numpy(ids).to(device)
         try:
             with torch.no_grad():
                 chunk = self.predict_action_chunk(history)
         finally:
-            self.chunk_env_ids = None
+            state.chunk_env_ids = None
         if chunk.ndim != 3 or chunk.shape[0] != ids.size or chunk.shape[1] < self.n_action_steps:
             raise ValueError(
                 f"{type(self).__name__}.predict_action_chunk returned shape {tuple(chunk.shape)}; expected "
@@ -151,18 +154,21 @@ class Policy(nn.Module, abc.ABC):
         """
         n_kept = len(state.history)
         n_valid = np.minimum(state.step - state.first_step[ids] + 1, n_kept)  # observations since reset
-        # (b, n_obs_steps): the kept observation each slot takes, clamped to the env's first valid one.
-        source = np.maximum(
-            np.arange(self.n_obs_steps) + n_kept - self.n_obs_steps, (n_kept - n_valid)[:, None]
-        )
+        source = None
+        if n_valid.min() < self.n_obs_steps:
+            # (b, n_obs_steps): the kept observation each slot takes, clamped to the env's first valid one.
+            first = (n_kept - n_valid)[:, None]
+            source = torch.from_numpy(
+                np.maximum(np.arange(self.n_obs_steps) + n_kept - self.n_obs_steps, first)
+            )
+        rows = None if ids.size == state.batch_size else torch.from_numpy(ids)
         history = {}
         for key in state.history[-1]:
             value = torch.stack([entry[key] for entry in state.history], dim=1)  # (B, n_kept, ...)
-            if ids.size < value.shape[0]:
-                value = value[torch.from_numpy(ids).to(value.device)]
-            if n_valid.min() < self.n_obs_steps:  # some history is shorter than n_obs_steps: pad it
-                rows = torch.arange(ids.size, device=value.device)[:, None]
-                value = value[rows, torch.from_numpy(source).to(value.device)]
+            if rows is not None:
+                value = value[rows.to(value.device)]
+            if source is not None:
+                value = value[torch.arange(ids.size, device=value.device)[:, None], source.to(value.device)]
             history[key] = value
         return history
 
@@ -186,3 +192,4 @@ class _ActingState:
     first_step: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # (B,) since reset
     chunk_step: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # (B,) queued at
     refill_step: int = 0  # first step at which some env's queue is used up
+    chunk_env_ids: Tensor | None = None  # see `Policy.chunk_env_ids`
