@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from safetensors.torch import load_file, save_file
 
 from lerobot.config import env_config, validate_config
+from lerobot.policies.diffusion.fast_inference import upgrade_legacy_config
 from lerobot.policies.factory import make_policy, make_policy_config
 from lerobot.policies.policy import Policy
 
@@ -107,7 +108,7 @@ def load_config(ckpt_dir: Path) -> DictConfig:
     if not path.exists():
         raise CheckpointError(f"checkpoint {ckpt_dir} is incomplete: {CONFIG_FILE} is missing")
     try:
-        return validate_config(OmegaConf.load(path))
+        return validate_config(upgrade_legacy_config(OmegaConf.load(path)))
     except Exception as e:
         raise CheckpointError(f"{path} is not a valid config: {e}") from None
 
