@@ -34,8 +34,14 @@ and bf16 on the same threads, measured at the start, and the rate of reading 1 G
 denoising step reads every weight once for little arithmetic, so memory, not the matmul peak, bounds it. Also
 an ablation of one U-Net step (image model) and
 the torch profiler's top operators of the fp32 step, and (image model, batch <= 8) a steady-state timing
-with each variant's DDIM10 chunks run back to back (`steady_state`). Writes results/inference.json and
-inference.png.
+with each variant's DDIM10 chunks run back to back (`steady_state`). Writes results/inference.json (keeping
+its `parity` list) and results/inference.png.
+
+    cd benchmarks && python bench_inference.py --parity CHECKPOINT [--parity-runs ...] [--eval-batch 50]
+
+instead evaluates a trained checkpoint under each of `PARITY_RUNS` (success, action differences, chunk
+times) and puts the run into the `parity` list of results/inference.json, replacing the entry with the same
+`--parity-runs` and `--eval-batch`.
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ import argparse
 import contextlib
 import copy
 import functools
+import json
 import os
 import statistics
 import time
@@ -681,6 +688,27 @@ def _jsonable(args: dict) -> dict:
     return {k: str(v) if isinstance(v, Path) else v for k, v in args.items()}
 
 
+def _previous_results() -> dict:
+    """The current results/inference.json, or {} if there is none yet."""
+    path = RESULTS_DIR / "inference.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def save_parity(entry: dict) -> Path:
+    """Put one parity run into the `parity` list of results/inference.json, replacing the entry with the
+    same `parity_runs` and `eval_batch`; the timing results in the file stay as they are."""
+    results = _previous_results()
+    same = (entry["parity_runs"], entry["eval_batch"])
+    kept = [e for e in results.get("parity", []) if (e.get("parity_runs"), e.get("eval_batch")) != same]
+    results["parity"] = [*kept, entry]
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    path = RESULTS_DIR / "inference.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(results, indent=2))
+    tmp.replace(path)
+    return path
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
@@ -706,7 +734,7 @@ def main(argv: list[str] | None = None) -> None:
         type=Path,
         metavar="CHECKPOINT",
         help="instead: success parity of a trained checkpoint (--parity-runs, default fp32 vs fast bf16, "
-        "DDIM10 vs DDPM100), written to results/inference_parity.json",
+        "DDIM10 vs DDPM100), added to the `parity` list of results/inference.json",
     )
     parser.add_argument("--parity-runs", nargs="+", default=DEFAULT_PARITY_RUNS, choices=list(PARITY_RUNS))
     parser.add_argument("--episodes", type=int, default=50)
@@ -725,10 +753,10 @@ def main(argv: list[str] | None = None) -> None:
             args.noise_seeds,
             args.parity_runs,
         )
-        path = save_results(
-            "inference_parity", result.pop("evals"), {**result, "args": _jsonable(vars(args))}
-        )
-        print(f"wrote {path}")
+        entry = {"parity_runs": args.parity_runs, "eval_batch": args.eval_batch, "machine": machine_info()}
+        entry.update(result, args=_jsonable(vars(args)))
+        path = save_parity(entry)
+        print(f"wrote the parity entry {args.parity_runs} at eval batch {args.eval_batch} to {path}")
         return
 
     peaks = matmul_peaks()
@@ -771,7 +799,8 @@ def main(argv: list[str] | None = None) -> None:
             "unet_step_ablation": ablation,
             "steady_state": steady,
             "fp32_step_profile": profile,
-            "args": vars(args),
+            "args": _jsonable(vars(args)),
+            "parity": _previous_results().get("parity", []),
         },
     )
     plot(rows, RESULTS_DIR / "inference.png")
