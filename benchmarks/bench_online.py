@@ -5,11 +5,11 @@
     python benchmarks/bench_online.py final             # last checkpoint of each run on 20 episodes
     python benchmarks/bench_online.py plot              # redraw the PNG from the saved JSON
 
-Results go to `benchmarks/results/` (`online_timing.json`, `online_pendulum.json`, `online_pendulum.png`).
+Results go to `benchmarks/results/online.json` (sections `timing` and `pendulum`) and `online.png`.
 
 `compare` trains one run per (n_envs, gradient_steps) on the same budget of env transitions and evaluates each
 run every `--eval-freq` transitions on the same `--eval-episodes` seeded episodes. It uses the CPU-sized
-model and planner of docs/tdmpc.md (the paper's planner costs ~0.5 s per call on one CPU core). With
+model and planner of docs/tdmpc.md (the paper's planner is sized for a GPU). With
 n_envs=1 and train_freq=1, gradient_steps=-1 is the same schedule as gradient_steps=1, so that run is done
 once and reported for both.
 """
@@ -34,8 +34,11 @@ sys.path.insert(0, str(REPO))
 from lerobot.cli import compose_config  # noqa: E402
 from lerobot.config import env_config  # noqa: E402
 from lerobot.policies.factory import make_policy, make_policy_config  # noqa: E402
+from lerobot.training.loop import TrainStep  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
+RESULTS_FILE = RESULTS / "online.json"
+PLOT_FILE = RESULTS / "online.png"
 
 # CPU-sized TD-MPC for Pendulum (see docs/tdmpc.md); everything else is the paper's default.
 CPU_OVERRIDES = [
@@ -48,6 +51,20 @@ CPU_OVERRIDES = [
     "policy.iterations=3",
     "training.batch_size=128",
 ]
+
+
+def _load_section(name: str) -> dict:
+    """One section of the results file (empty when there is none yet)."""
+    results = json.loads(RESULTS_FILE.read_text()) if RESULTS_FILE.exists() else {}
+    return results.get(name, {"runs": {}} if name == "pendulum" else {})
+
+
+def _save_section(name: str, section: dict) -> None:
+    """Replace one section of the results file, keeping the others."""
+    results = json.loads(RESULTS_FILE.read_text()) if RESULTS_FILE.exists() else {}
+    results[name] = section
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    RESULTS_FILE.write_text(json.dumps(results, indent=2))
 
 
 def _load() -> float:
@@ -81,22 +98,18 @@ def timing(args: argparse.Namespace) -> dict:
             obs = {"observation.state": torch.randn(batch_size, 3)}
             policy.reset()
             res[f"plan_b{batch_size}"] = _time(lambda o=obs, p=policy: p.select_action(o), args.repeats)
-        policy.train()
-        b, h = policy_cfg.batch_size, policy_cfg.horizon
+        b, h = policy_cfg.batch_size, policy.replay_horizon
         batch = {
             "observation.state": torch.randn(b, h + 1, 3),
             "action": torch.rand(b, h, 1) * 4 - 2,
             "next.reward": -16 * torch.rand(b, h),
             "next.terminated": torch.zeros(b, h, dtype=torch.bool),
         }
-        opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=3e-4)
+        # The online trainer's update: `TrainStep`, then the target network's EMA step.
+        step = TrainStep(policy, policy_cfg, cfg.training, total_updates=args.repeats + 2)
 
-        def update(batch=batch, policy=policy, opt=opt):
-            loss = policy(batch)["loss"]
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(policy.parameters(), 10.0)
-            opt.step()
+        def update(batch=batch, policy=policy, step=step):
+            step(batch, where="benchmark update")
             policy.update_target()
 
         res["update"] = _time(update, args.repeats)
@@ -104,8 +117,7 @@ def timing(args: argparse.Namespace) -> dict:
         res["load_after"] = _load()
         out["settings"][name] = res
         print(name, json.dumps(res, indent=1))
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "online_timing.json").write_text(json.dumps(out, indent=2))
+    _save_section("timing", out)
     return out
 
 
@@ -138,8 +150,7 @@ def compare(args: argparse.Namespace) -> dict:
     from lerobot.training.online import train_online
 
     torch.set_num_threads(args.threads)
-    out_path = RESULTS / "online_pendulum.json"
-    results = json.loads(out_path.read_text()) if out_path.exists() and args.keep else {"runs": {}}
+    results = _load_section("pendulum") if args.keep else {"runs": {}}
     results["settings"] = {
         "steps": args.steps,
         "learning_starts": args.learning_starts,
@@ -189,8 +200,7 @@ def compare(args: argparse.Namespace) -> dict:
                 "load_avg_end": _load(),
                 **_read_metrics(run_dir),
             }
-            RESULTS.mkdir(parents=True, exist_ok=True)
-            out_path.write_text(json.dumps(results, indent=2))
+            _save_section("pendulum", results)
             last = results["runs"][key]["eval"][-1]
             print(
                 f"{key}: final eval return {last['eval_return']:.1f}, train time {last['train_time_s']:.0f} s"
@@ -206,8 +216,7 @@ def final_eval(args: argparse.Namespace) -> dict:
     from lerobot.training.checkpoint import latest_checkpoint, load_policy
 
     torch.set_num_threads(args.threads)
-    out_path = RESULTS / "online_pendulum.json"
-    results = json.loads(out_path.read_text())
+    results = _load_section("pendulum")
     for key, run in sorted(results["runs"].items()):
         policy, cfg = load_policy(latest_checkpoint(Path(args.work_dir) / key))
         env = make_env(env_config(cfg), args.final_episodes)
@@ -225,7 +234,7 @@ def final_eval(args: argparse.Namespace) -> dict:
             "pc_solved": 100.0 * sum(r > -400 for r in returns) / len(returns),
         }
         print(key, run["final_eval"])
-    out_path.write_text(json.dumps(results, indent=2))
+    _save_section("pendulum", results)
     return results
 
 
@@ -236,7 +245,7 @@ def plot(args: argparse.Namespace) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    results = json.loads((RESULTS / "online_pendulum.json").read_text())
+    results = _load_section("pendulum")
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for _key, run in sorted(results["runs"].items()):
         label = f"n_envs={run['n_envs']}, gradient_steps={run['gradient_steps']}"
@@ -257,8 +266,8 @@ def plot(args: argparse.Namespace) -> None:
     s = results["settings"]
     fig.suptitle(f"TD-MPC on Pendulum-v1, seed {s['seed']}, {s['eval_episodes']} eval episodes per point")
     fig.tight_layout()
-    fig.savefig(RESULTS / "online_pendulum.png", dpi=90)
-    print(f"wrote {RESULTS / 'online_pendulum.png'}")
+    fig.savefig(PLOT_FILE, dpi=90)
+    print(f"wrote {PLOT_FILE}")
 
 
 def main() -> None:

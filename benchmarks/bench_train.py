@@ -12,9 +12,9 @@ Rows (each step exactly as the trainers do it):
   demonstrations loaded into its replay buffer, as the online trainer's offline buffer holds them.
 
 Diffusion Policy: data = `next()` on the real loader (`make_dataset` + `cycle_batches`, num_workers 0, as
-the CPU experiment trains); compute = forward (under bf16 autocast or not) + backward + grad clipping +
-AdamW + LR schedule + EMA, i.e. `lerobot.training.offline`'s step. TD-MPC: data = `ReplayBuffer.sample`,
-compute = forward + backward + clipping + Adam + target EMA. fp32 and bf16 autocast steps alternate on the
+the CPU experiment trains); compute = the trainers' `TrainStep` (forward under bf16 autocast or not,
+backward, grad clipping, AdamW, LR schedule, EMA). TD-MPC: data = `ReplayBuffer.sample`, compute =
+`TrainStep` + `update_target()` (the target network's EMA). fp32 and bf16 autocast steps alternate on the
 same model (one warm-up step each, excluded), so load drift hits both alike; medians over `--steps`.
 FLOPs: `torch.utils.flop_counter.FlopCounterMode` over one forward + backward (matmuls and convolutions;
 the optimizer's elementwise work is not counted). Writes results/train.json.
@@ -27,7 +27,6 @@ import lerobot  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads)
 
 # isort: on
 import argparse
-import contextlib
 import statistics
 import time
 from pathlib import Path
@@ -40,7 +39,7 @@ from lerobot.cli import compose_config
 from lerobot.config import env_config
 from lerobot.datasets import cycle_batches, make_dataset
 from lerobot.policies.factory import make_policy, make_policy_config
-from lerobot.training.common import build_optimizer
+from lerobot.training.loop import TrainStep
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ROWS = {
@@ -57,28 +56,22 @@ def _default_root() -> str | None:
     return str(shared) if shared.is_dir() else None
 
 
-def _autocast(dtype: str) -> contextlib.AbstractContextManager:
-    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype != "fp32")
+def _update(update: TrainStep, batch: dict, dtype: str) -> None:
+    """The trainers' gradient update, under bf16 autocast for "bf16 autocast"."""
+    update.use_amp = dtype != "fp32"
+    update(batch, where="benchmark step")
 
 
-def _forward_backward(policy, optimizer, batch: dict, dtype: str) -> None:
-    """The loss (under autocast for "bf16 autocast") and its gradients, as the trainers compute them."""
-    with _autocast(dtype):
-        loss = policy.forward(batch)["loss"]
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-
-
-def _flops(step_fn) -> float:
+def _flops(policy, batch: dict) -> float:
+    """FLOPs of one fp32 forward + backward on `batch`."""
     counter = FlopCounterMode(display=False)
     with counter:
-        step_fn()
+        policy.forward(batch)["loss"].backward()
+    policy.zero_grad(set_to_none=True)
     return counter.get_total_flops()
 
 
 def diffusion_row(name: str, overrides: list[str], steps: int) -> list[dict]:
-    from diffusers.training_utils import EMAModel
-
     cfg = compose_config(overrides)
     env_cfg = env_config(cfg)
     policy_cfg = make_policy_config(cfg.policy, env_cfg)
@@ -87,24 +80,17 @@ def diffusion_row(name: str, overrides: list[str], steps: int) -> list[dict]:
     torch.manual_seed(0)
     policy = make_policy(policy_cfg, dataset_stats=dataset.stats).train()
     n_params = sum(p.numel() for p in policy.parameters())
-    optimizer, scheduler = build_optimizer(policy, policy_cfg, 1000)
-    ema = EMAModel(
-        policy.parameters(), decay=policy_cfg.ema_max_decay, use_ema_warmup=True, power=policy_cfg.ema_power
-    )
+    update = TrainStep(policy, policy_cfg, cfg.training, total_updates=1000)
     batches = cycle_batches(dataset, batch_size=batch_size, seed=0, num_workers=0)
 
     def step(dtype: str) -> tuple[float, float]:
         t0 = time.perf_counter()
         batch = next(batches)
         t1 = time.perf_counter()
-        _forward_backward(policy, optimizer, batch, dtype)
-        torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.training.grad_clip_norm)
-        optimizer.step()
-        scheduler.step()
-        ema.step(policy.parameters())
+        _update(update, batch, dtype)
         return t1 - t0, time.perf_counter() - t1
 
-    flops = _flops(lambda: _forward_backward(policy, optimizer, next(batches), "fp32"))
+    flops = _flops(policy, next(batches))
     return _time_rows(name, n_params, batch_size, flops, step, steps)
 
 
@@ -117,22 +103,19 @@ def tdmpc_row(name: str, overrides: list[str], steps: int) -> list[dict]:
     torch.manual_seed(0)
     policy = make_policy(policy_cfg).train()
     n_params = sum(p.numel() for p in policy.parameters())
-    optimizer, scheduler = build_optimizer(policy, policy_cfg, 1000)
+    update = TrainStep(policy, policy_cfg, cfg.training, total_updates=1000)
     buffer = load_demonstrations(cfg, env_cfg, list(policy.obs_keys))
-    batch_size, horizon = policy_cfg.batch_size, policy_cfg.horizon
+    batch_size, horizon = policy_cfg.batch_size, policy.replay_horizon
 
     def step(dtype: str) -> tuple[float, float]:
         t0 = time.perf_counter()
         batch = buffer.sample(batch_size, horizon)
         t1 = time.perf_counter()
-        _forward_backward(policy, optimizer, batch, dtype)
-        torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.training.grad_clip_norm)
-        optimizer.step()
-        scheduler.step()
+        _update(update, batch, dtype)
         policy.update_target()
         return t1 - t0, time.perf_counter() - t1
 
-    flops = _flops(lambda: _forward_backward(policy, optimizer, buffer.sample(batch_size, horizon), "fp32"))
+    flops = _flops(policy, buffer.sample(batch_size, horizon))
     return _time_rows(name, n_params, batch_size, flops, step, steps)
 
 

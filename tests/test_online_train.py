@@ -130,3 +130,15 @@ def test_pusht_keypoints_with_demonstrations(tmp_path, pusht_data_root):
     }
     action = policy.select_action(obs)
     assert action.shape == (1, 2) and torch.all((action >= 0) & (action <= 512))
+
+
+def test_offline_policy_cannot_train_online(tmp_path, capsys):
+    args = [
+        "policy=diffusion",
+        "env=pusht_keypoints",
+        "policy.training_mode=online",
+        f"output_dir={tmp_path}",
+    ]
+    assert train_main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert "cannot learn online" in err and "OnlinePolicy" in err and len(err.splitlines()) == 1, err

@@ -7,6 +7,7 @@ import torch
 
 from lerobot.config import ConfigError, FeatureConfig
 from lerobot.constants import ACTION, NEXT_REWARD, OBS_ENV_STATE, OBS_STATE
+from lerobot.policies.online_policy import OnlinePolicy
 from lerobot.policies.tdmpc import TDMPCConfig, TDMPCPolicy
 from lerobot.policies.tdmpc.modeling import NEXT_TERMINATED
 
@@ -55,6 +56,12 @@ def observations(batch_size: int, seed: int = 1) -> dict[str, torch.Tensor]:
     }
 
 
+def test_tdmpc_is_an_online_policy():
+    policy = make_policy(horizon=4)
+    assert isinstance(policy, OnlinePolicy)
+    assert policy.replay_horizon == 4 and policy.explore is False
+
+
 def test_plan_shapes_and_bounds():
     policy = make_policy()
     obs = {k: v.unsqueeze(1) for k, v in observations(5).items()}  # (B, n_obs_steps=1, D)
@@ -73,13 +80,13 @@ def test_plan_is_deterministic_under_a_seed():
     a, b = make_policy(), make_policy()
     obs = observations(4)
     for policy in (a, b):
-        policy.set_planner_seed(7)
+        policy.set_noise_seed(7)
     plans_a = [a.select_action(obs) for _ in range(3)]
     plans_b = [b.select_action(obs) for _ in range(3)]
     for x, y in zip(plans_a, plans_b):
         torch.testing.assert_close(x, y, rtol=0, atol=0)
     c = make_policy()
-    c.set_planner_seed(8)
+    c.set_noise_seed(8)
     assert not torch.allclose(c.select_action(obs), plans_a[0])
     # reset() reseeds: the first plan after it is the first plan of the seed again.
     a.reset()
@@ -91,11 +98,11 @@ def test_batch_independence_with_warm_start():
     seeds = [11, 12, 13]
     obs_seq = [observations(3, seed=s) for s in range(4)]
     together = make_policy()
-    together.set_planner_seed(seeds)
+    together.set_noise_seed(seeds)
     batched = [together.select_action(o) for o in obs_seq]  # 4 calls, warm-started from the previous plan
     for b, seed in enumerate(seeds):
         alone = make_policy()
-        alone.set_planner_seed([seed])
+        alone.set_noise_seed([seed])
         for t, o in enumerate(obs_seq):
             single = alone.select_action({k: v[b : b + 1] for k, v in o.items()})
             torch.testing.assert_close(single[0], batched[t][b], rtol=1e-4, atol=1e-3)
@@ -114,13 +121,13 @@ def test_per_env_reset_and_subset_refill():
         return out
 
     both = make_policy(n_action_steps=2)
-    both.set_planner_seed([5, 6])
+    both.set_noise_seed([5, 6])
     actions = run(both, obs_seq, reset_at_1=[1])  # env 1 restarts at step 1; env 0 keeps its queue
     env0 = make_policy(n_action_steps=2)
-    env0.set_planner_seed([5])
+    env0.set_noise_seed([5])
     ref0 = run(env0, [{k: v[:1] for k, v in o.items()} for o in obs_seq])
     env1 = make_policy(n_action_steps=2)
-    env1.set_planner_seed([6])
+    env1.set_noise_seed([6])
     ref1 = run(env1, [{k: v[1:] for k, v in o.items()} for o in obs_seq], reset_at_1=[0])
     for t in range(3):
         torch.testing.assert_close(actions[t][0], ref0[t][0], rtol=1e-4, atol=1e-3)

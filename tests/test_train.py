@@ -5,11 +5,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 from safetensors.torch import load_file
 from test_dataset import ZARR, write_fake_zarr
 
 import lerobot.training.offline as offline
 from lerobot.cli import eval_main, train_main
+from lerobot.training.common import TrainingDivergedError
+from lerobot.training.loop import TrainStep
 
 TINY = [
     "policy=diffusion",
@@ -136,6 +139,64 @@ def test_nan_loss_stops_with_step_and_keeps_last_checkpoint(tmp_path, data_args,
     err = capsys.readouterr().err
     assert "step 3" in err and "nan" in err.lower()
     assert (run / "checkpoints" / "last").resolve().name == "000000002"
+
+
+def test_online_policy_cannot_train_offline(tmp_path, data_args, capsys):
+    args = [
+        "policy=tdmpc",
+        "env=pusht_keypoints",
+        "policy.training_mode=offline",
+        *data_args,
+        f"output_dir={tmp_path}",
+    ]
+    assert train_main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert "learns online" in err and len(err.splitlines()) == 1, err
+
+
+def tiny_tdmpc(**kw):
+    from test_tdmpc import make_policy
+
+    return make_policy(**kw).train()
+
+
+def tdmpc_batch(batch_size: int = 4, horizon: int = 3) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return {
+        "observation.state": torch.rand(batch_size, horizon + 1, 2, generator=g) * 512,
+        "observation.environment_state": torch.rand(batch_size, horizon + 1, 4, generator=g) * 512,
+        "action": torch.rand(batch_size, horizon, 2, generator=g) * 100 + 100,
+        "next.reward": torch.rand(batch_size, horizon, generator=g),
+        "next.terminated": torch.zeros(batch_size, horizon),
+    }
+
+
+def test_train_step_uses_the_policys_parameter_groups():
+    policy = tiny_tdmpc()
+    frozen = list(policy.model.encoder.parameters())
+    frozen_ids = {id(p) for p in frozen}
+    rest = [p for p in policy.parameters() if p.requires_grad and id(p) not in frozen_ids]
+    policy.optimizer_param_groups = lambda: [{"params": frozen, "lr": 0.0}, {"params": rest}]
+    update = TrainStep(
+        policy, policy.config, OmegaConf.create({"grad_clip_norm": 10.0, "use_amp": False}), 10
+    )
+    assert [g["lr"] for g in update.optimizer.param_groups] == [0.0, policy.config.optimizer_lr]
+    before = [p.detach().clone() for p in policy.parameters()]
+    output = update(tdmpc_batch(), where="step 1")
+    assert {"loss", "grad_norm"} <= set(output) and not output["loss"].requires_grad
+    changed = {id(p) for p, b in zip(policy.parameters(), before) if not torch.equal(p, b)}
+    assert not changed & frozen_ids and changed
+
+
+def test_train_step_stops_on_a_non_finite_loss_naming_the_update():
+    policy = tiny_tdmpc()
+    update = TrainStep(
+        policy, policy.config, OmegaConf.create({"grad_clip_norm": 10.0, "use_amp": False}), 10
+    )
+    batch = tdmpc_batch()
+    batch["next.reward"][0, 0] = float("nan")
+    with pytest.raises(TrainingDivergedError, match="nan at update 7"):
+        update(batch, where="update 7")
 
 
 @pytest.mark.parametrize(

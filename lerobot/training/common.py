@@ -1,4 +1,4 @@
-"""Pieces both trainers share: run directory, device, seeding, optimizer, periodic evaluation."""
+"""Pieces both trainers and `scripts/eval.py` share: run directory, device, seeding, evaluation."""
 
 from __future__ import annotations
 
@@ -15,10 +15,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from lerobot.config import ConfigError, env_config
 from lerobot.envs import make_env, resolve_use_async
-from lerobot.policies.config import PolicyConfig
 from lerobot.policies.policy import Policy
 from lerobot.rollout import eval_policy
-from lerobot.training.checkpoint import get_rng_state, latest_checkpoint, set_rng_state
+from lerobot.training.checkpoint import latest_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -68,27 +67,8 @@ def setup_run(cfg: DictConfig) -> tuple[Path, Path | None]:
             f"{run_dir} already holds checkpoints; pass training.resume=true to continue it or pick another output_dir"
         )
     run_dir.mkdir(parents=True, exist_ok=True)
+    log.info("run directory: %s", run_dir)
     return run_dir, resume_from
-
-
-def build_optimizer(policy: Policy, policy_cfg: PolicyConfig, total_steps: int):
-    """AdamW with the policy's optimizer settings and a diffusers LR schedule (warm-up, then e.g. cosine)."""
-    from diffusers.optimization import get_scheduler
-
-    optimizer = torch.optim.AdamW(
-        [p for p in policy.parameters() if p.requires_grad],
-        lr=policy_cfg.optimizer_lr,
-        betas=tuple(policy_cfg.optimizer_betas),
-        eps=policy_cfg.optimizer_eps,
-        weight_decay=policy_cfg.optimizer_weight_decay,
-    )
-    scheduler = get_scheduler(
-        policy_cfg.scheduler_name,
-        optimizer=optimizer,
-        num_warmup_steps=policy_cfg.scheduler_warmup_steps,
-        num_training_steps=max(total_steps, 1),
-    )
-    return optimizer, scheduler
 
 
 def evaluate(cfg: DictConfig, policy: Policy, out_dir: Path, progress: bool = False) -> dict[str, Any]:
@@ -124,26 +104,6 @@ def evaluate(cfg: DictConfig, policy: Policy, out_dir: Path, progress: bool = Fa
         env.close()
     info["config"] = OmegaConf.to_container(cfg, resolve=True)
     write_json(Path(out_dir) / "eval_info.json", info)
-    return info
-
-
-def run_evaluation(cfg: DictConfig, policy: Policy, step: int, run_dir: Path, logger=None) -> dict[str, Any]:
-    """Periodic evaluation during training, into `run_dir/eval/step_<step>/`, logged to `logger`.
-
-    Random states are saved and restored around the rollout so that evaluating does not change the
-    training trajectory (a resumed run stays identical to an uninterrupted one).
-    """
-    rng = get_rng_state()
-    was_training = policy.training
-    try:
-        info = evaluate(cfg, policy, Path(run_dir) / "eval" / f"step_{step:09d}")
-    finally:
-        policy.train(was_training)
-        set_rng_state(rng)
-    if logger is not None:
-        logger.log(step, info["aggregated"], split="eval")
-        for path in info["video_paths"][:1]:
-            logger.log_video(step, path)
     return info
 
 

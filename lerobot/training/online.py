@@ -1,14 +1,14 @@
-"""Online off-policy training (TD-MPC) from `n_envs` vector envs, with Stable-Baselines3's schedule semantics.
+"""Online off-policy training of an `OnlinePolicy` (TD-MPC) from `n_envs` vector envs, SB3 schedule semantics.
 
 The loop, top to bottom:
 
     repeat until `training.steps` transitions have been collected:
         collect: `train_freq` vector steps; each adds `n_envs` transitions to the replay buffer. Actions are
                  uniform random over the action bounds while fewer than `learning_starts` transitions have been
-                 collected, planned by the policy (with exploration noise) afterwards.
-        update:  `UpdateSchedule.updates_after_collection` gradient steps on sub-trajectories from the buffer,
-                 each followed by the policy's EMA target update.
-        every `log_freq` / `eval.freq` / `save_freq` transitions: log, evaluate, checkpoint.
+                 collected, the policy's (with `explore` on) afterwards.
+        update:  `UpdateSchedule.updates_after_collection` gradient steps (`TrainStep`) on sub-trajectories of
+                 `policy.replay_horizon` transitions from the buffer, each followed by `policy.update_target()`.
+        every `log_freq` / `save_freq` / `eval.freq` transitions: log, checkpoint, evaluate (`TrainingLoop`).
 
 Counting (SB3 semantics, all counts in transitions over all envs unless said otherwise):
 - `training.steps`: total env transitions (n_envs per vector step), the x axis of every log.
@@ -26,6 +26,7 @@ the replay buffer stores `info["final_obs"]` as the next observation of an episo
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections import defaultdict
@@ -34,16 +35,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from gymnasium.vector import AutoresetMode
 from omegaconf import DictConfig
 from safetensors.torch import load_file
-from tqdm import tqdm
 
 from lerobot.config import ConfigError, EnvConfig, env_config
 from lerobot.constants import ACTION, EPISODE_INDEX, NEXT_REWARD
 from lerobot.envs import make_env, observation_to_batch
 from lerobot.policies.factory import make_policy, make_policy_config
+from lerobot.policies.online_policy import OnlinePolicy
 from lerobot.training.checkpoint import (
     MODEL_FILE,
     get_rng_state,
@@ -51,15 +51,8 @@ from lerobot.training.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from lerobot.training.common import (
-    TrainingDivergedError,
-    build_optimizer,
-    resolve_device,
-    run_evaluation,
-    set_seed,
-    setup_run,
-)
-from lerobot.training.logger import MetricsLogger
+from lerobot.training.common import resolve_device, set_seed, setup_run
+from lerobot.training.loop import TrainingLoop, TrainStep
 from lerobot.training.replay_buffer import ReplayBuffer, sample_mixed
 
 log = logging.getLogger(__name__)
@@ -90,6 +83,7 @@ class UpdateSchedule:
 
     @classmethod
     def from_config(cls, training_cfg: Any) -> UpdateSchedule:
+        """The schedule of the `training` config section."""
         return cls(
             n_envs=training_cfg.n_envs,
             train_freq=training_cfg.train_freq,
@@ -100,6 +94,7 @@ class UpdateSchedule:
 
     @property
     def transitions_per_collection(self) -> int:
+        """Transitions one collection adds: `train_freq` vector steps of `n_envs` envs."""
         return self.n_envs * self.train_freq
 
     def random_actions(self, transitions_so_far: int) -> bool:
@@ -129,15 +124,12 @@ class UpdateSchedule:
         return n
 
     def state_dict(self) -> dict[str, float]:
+        """The fractional update carry of `utd_ratio`, for checkpoints."""
         return {"carry": self._carry}
 
     def load_state_dict(self, state: dict[str, float]) -> None:
+        """Restore what `state_dict` returned."""
         self._carry = float(state["carry"])
-
-
-def _crossed(before: int, after: int, every: int) -> bool:
-    """Whether a multiple of `every` lies in (before, after]."""
-    return every > 0 and after // every > before // every
 
 
 def load_demonstrations(cfg: DictConfig, env_cfg: EnvConfig, obs_keys: list[str]) -> ReplayBuffer:
@@ -185,7 +177,7 @@ class _EpisodeStats:
 
 
 def train_online(cfg: DictConfig, progress: bool = True) -> Path:
-    """Train an online policy (TD-MPC) as configured; return the run directory.
+    """Train an `OnlinePolicy` (TD-MPC) as configured; return the run directory.
 
     `cfg` is the validated root config. With `training.resume=true` and `output_dir` pointing at an earlier
     run, continues from its last checkpoint: weights, optimiser, schedule, counters and random states, and the
@@ -204,32 +196,41 @@ def train_online(cfg: DictConfig, progress: bool = True) -> Path:
     device = resolve_device(cfg.device)
     set_seed(cfg.seed)
     n_envs = tcfg.n_envs
-    horizon = getattr(policy_cfg, "horizon", 1)
 
     policy = make_policy(policy_cfg).to(device)
+    if not isinstance(policy, OnlinePolicy):
+        raise ConfigError(
+            f"policy {policy_cfg.name!r} cannot learn online: {type(policy).__name__} is not an OnlinePolicy "
+            "(lerobot/policies/online_policy.py); its config's training_mode must be 'offline'"
+        )
+    if policy_cfg.use_ema:
+        raise ConfigError("policy.use_ema=true: the online trainer keeps no EMA weights (see update_target)")
+    horizon = policy.replay_horizon
     schedule = UpdateSchedule.from_config(tcfg)
-    optimizer, lr_scheduler = build_optimizer(policy, policy_cfg, schedule.count_updates(tcfg.steps))
+    update = TrainStep(policy, policy_cfg, tcfg, total_updates=schedule.count_updates(tcfg.steps))
     buffer = ReplayBuffer(tcfg.buffer_capacity, n_envs, seed=cfg.seed)
-    offline = None
+    demos = None
     if tcfg.offline_ratio > 0:
-        offline = load_demonstrations(cfg, env_cfg, sorted(policy_cfg.input_features))
+        demos = load_demonstrations(cfg, env_cfg, sorted(policy_cfg.input_features))
 
     transitions = updates = 0
     refill_needed = 0
+    # Wall time spent collecting and updating (evaluation and checkpoints excluded), over the whole run.
+    train_time_s = 0.0
     if resume_from is not None:
         policy.load_state_dict(load_file(resume_from / MODEL_FILE))
         state = load_training_state(resume_from)
-        optimizer.load_state_dict(state["optimizer"])
-        lr_scheduler.load_state_dict(state["lr_scheduler"])
+        update.optimizer.load_state_dict(state["optimizer"])
+        update.scheduler.load_state_dict(state["lr_scheduler"])
         schedule.load_state_dict(state["schedule"])
         transitions, updates = state["transitions"], state["updates"]
+        train_time_s = float(state.get("train_time_s", 0.0))
         set_rng_state(state["rng"])
         if "replay_buffer" in state:
             buffer.load_state_dict(state["replay_buffer"])
         else:
             refill_needed = tcfg.learning_starts
         log.info("resumed from %s at %d transitions (%d updates)", resume_from, transitions, updates)
-    logger = MetricsLogger(run_dir, cfg, resume_step=transitions if resume_from is not None else None)
 
     envs = make_env(
         env_cfg,
@@ -238,164 +239,97 @@ def train_online(cfg: DictConfig, progress: bool = True) -> Path:
         autoreset_mode=AutoresetMode.SAME_STEP,
         render_mode=None,
     )
-    # Seeds derived from the transition count, so a resumed run does not replay the episodes it saw.
-    envs.action_space.seed(cfg.seed + transitions)
-    obs, _ = envs.reset(seed=[cfg.seed + transitions + i for i in range(n_envs)])
-    policy.reset()
-    if hasattr(policy, "set_planner_seed"):
-        policy.set_planner_seed(cfg.seed + transitions)
-
-    def to_batch(o: Any) -> dict[str, torch.Tensor]:
-        return observation_to_batch(o, "cpu")
-
-    episodes = _EpisodeStats(n_envs)
-    sums: dict[str, float] = defaultdict(float)
-    n_logged_updates = 0
-    collect_s = update_s = 0.0  # since the last log
-    window_transitions = transitions
-    # Wall time spent collecting and updating (evaluation and checkpoints excluded), over the whole run.
-    train_time_s = 0.0 if resume_from is None else float(state.get("train_time_s", 0.0))
-    last_eval = -1
-    # bf16 autocast for the updates (planning stays fp32), as the offline trainer does.
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=tcfg.use_amp)
-    pbar = tqdm(total=tcfg.steps, initial=transitions, unit="tr", disable=not progress, dynamic_ncols=True)
-
-    def checkpoint(step: int) -> Path:
-        training_state = {
-            "optimizer": optimizer.state_dict(),
-            "lr_scheduler": lr_scheduler.state_dict(),
-            "schedule": schedule.state_dict(),
-            "transitions": step,
-            "updates": updates,
-            "rng": get_rng_state(),
-            "train_time_s": train_time_s,
-        }
-        if tcfg.save_buffer:
-            training_state["replay_buffer"] = buffer.state_dict()
-        return save_checkpoint(run_dir, step, policy, cfg, training_state)
-
-    try:
-        while transitions < tcfg.steps:
-            before = transitions
-            # ---------------------------------------------------------- collect
-            t0 = t_collect = time.perf_counter()
+    loop = TrainingLoop(
+        cfg, run_dir, start=transitions, resumed=resume_from is not None, unit="tr", progress=progress
+    )
+    with contextlib.closing(envs), loop:
+        # Seeds derived from the transition count, so a resumed run does not replay the episodes it saw.
+        envs.action_space.seed(cfg.seed + transitions)
+        obs, _ = envs.reset(seed=[cfg.seed + transitions + i for i in range(n_envs)])
+        policy.reset()
+        policy.set_noise_seed(cfg.seed + transitions)
+        episodes = _EpisodeStats(n_envs)
+        sums: dict[str, float] = defaultdict(float)  # per-update outputs summed since the last log
+        window_updates = 0
+        window_start = transitions
+        collect_s = update_s = 0.0
+        while loop.running:
+            t_collect = time.perf_counter()
             policy.eval()
             policy.explore = True
             for _ in range(tcfg.train_freq):
                 if schedule.random_actions(transitions):
                     action = envs.action_space.sample()
                 else:
-                    obs_batch = observation_to_batch(obs, device)
-                    action = policy.select_action(obs_batch).cpu().numpy()
+                    action = policy.select_action(observation_to_batch(obs, device)).numpy()
                 next_obs, reward, terminated, truncated, info = envs.step(action)
                 buffer.add_env_step(
-                    obs,
-                    action,
-                    reward,
-                    next_obs,
-                    terminated,
-                    truncated,
-                    info,
-                    AutoresetMode.SAME_STEP,
-                    to_batch,
-                )
+                    obs, action, reward, next_obs, terminated, truncated, info, AutoresetMode.SAME_STEP,
+                    to_batch=observation_to_batch,
+                )  # fmt: skip
                 done = np.logical_or(terminated, truncated)
                 episodes.step(np.asarray(reward, dtype=np.float64), done)
                 if done.any():
-                    # A new episode starts in these slots: no observation history or warm-started plan
-                    # from the old one.
+                    # New episodes start in these slots: no history or warm-started plan from the old ones.
                     policy.reset(np.flatnonzero(done))
                 obs = next_obs
                 transitions += n_envs
             policy.explore = False
-            collect_s += time.perf_counter() - t0
+            t_update = time.perf_counter()
+            collect_s += t_update - t_collect
 
-            # ---------------------------------------------------------- update
-            t0 = time.perf_counter()
             n_updates = schedule.updates_after_collection(transitions)
             if len(buffer) < refill_needed or buffer.filled_rows < horizon:
                 n_updates = 0
-            if n_updates > 0:
-                policy.train()
             for _ in range(n_updates):
-                batch = sample_mixed(buffer, offline, policy_cfg.batch_size, horizon, tcfg.offline_ratio)
+                batch = sample_mixed(buffer, demos, policy_cfg.batch_size, horizon, tcfg.offline_ratio)
                 batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-                with autocast:
-                    out = policy.forward(batch)
-                loss = out["loss"]
-                if not torch.isfinite(loss):
-                    raise TrainingDivergedError(
-                        f"loss is {loss.item()} at update {updates} ({transitions} transitions)"
-                    )
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), tcfg.grad_clip_norm)
-                optimizer.step()
-                lr_scheduler.step()
+                output = update(batch, where=f"update {updates + 1} ({transitions} transitions)")
                 policy.update_target()
                 updates += 1
-                n_logged_updates += 1
-                for k, v in out.items():
-                    sums[k] += float(v.detach())
-                sums["grad_norm"] += float(grad_norm)
-            update_s += time.perf_counter() - t0
+                window_updates += 1
+                for k, v in output.items():
+                    sums[k] += float(v)
+            update_s += time.perf_counter() - t_update
             train_time_s += time.perf_counter() - t_collect
-            pbar.update(transitions - before)
+            due = loop.advance(transitions - loop.step)
 
-            # ---------------------------------------------------------- log / eval / save
-            if _crossed(before, transitions, tcfg.log_freq) or transitions >= tcfg.steps:
-                elapsed = collect_s + update_s
-                metrics = {k: v / n_logged_updates for k, v in sums.items()} if n_logged_updates else {}
+            if due.log:
+                window = transitions - window_start
+                metrics = {k: v / window_updates for k, v in sums.items()} if window_updates else {}
                 metrics.update(episodes.pop())
                 metrics.update(
-                    {
-                        "lr": optimizer.param_groups[0]["lr"],
-                        "updates": updates,
-                        "updates_per_transition": n_logged_updates / max(transitions - window_transitions, 1),
-                        "update_s": update_s / max(n_logged_updates, 1),
-                        "collect_s": collect_s / max((transitions - window_transitions) / n_envs, 1),
-                        "env_steps_per_s": (transitions - window_transitions) / max(elapsed, 1e-9),
-                        "buffer_size": len(buffer),
-                        "train_time_s": train_time_s,
-                    }
+                    lr=update.lr,
+                    updates=updates,
+                    updates_per_transition=window_updates / max(window, 1),
+                    update_s=update_s / max(window_updates, 1),
+                    collect_s=collect_s / max(window / n_envs, 1),
+                    env_steps_per_s=window / max(collect_s + update_s, 1e-9),
+                    buffer_size=len(buffer),
+                    train_time_s=train_time_s,
                 )
-                logger.log(transitions, metrics)
-                if "loss" in metrics:
-                    pbar.set_postfix(
-                        loss=f"{metrics['loss']:.3g}", ret=metrics.get("episode_return", float("nan"))
-                    )
+                loop.log(metrics)
                 sums.clear()
-                n_logged_updates = 0
+                window_updates = 0
+                window_start = transitions
                 collect_s = update_s = 0.0
-                window_transitions = transitions
-            if _crossed(before, transitions, cfg.eval.freq):
-                _evaluate(cfg, policy, transitions, run_dir, logger)
-                last_eval = transitions
-                if hasattr(policy, "set_planner_seed"):
-                    # Fresh planner noise for the train envs (evaluation reset the generators).
-                    policy.set_planner_seed(cfg.seed + transitions)
-            if _crossed(before, transitions, tcfg.save_freq) and transitions < tcfg.steps:
-                checkpoint(transitions)
-        if cfg.eval.freq > 0 and last_eval != transitions:
-            _evaluate(cfg, policy, transitions, run_dir, logger)
-        checkpoint(transitions)
-    finally:
-        pbar.close()
-        envs.close()
-        logger.close()
+            if due.checkpoint:
+                training_state = {
+                    "optimizer": update.optimizer.state_dict(),
+                    "lr_scheduler": update.scheduler.state_dict(),
+                    "schedule": schedule.state_dict(),
+                    "transitions": transitions,
+                    "updates": updates,
+                    "rng": get_rng_state(),
+                    "train_time_s": train_time_s,
+                }
+                if tcfg.save_buffer:
+                    training_state["replay_buffer"] = buffer.state_dict()
+                save_checkpoint(run_dir, transitions, policy, cfg, training_state)
+            if due.eval:
+                loop.evaluate(policy)
+                # The evaluation envs went through the policy: clear its per-env state and reseed its noise
+                # for the train envs.
+                policy.reset()
+                policy.set_noise_seed(cfg.seed + transitions)
     return run_dir
-
-
-def _evaluate(cfg: DictConfig, policy, step: int, run_dir: Path, logger: MetricsLogger) -> dict:
-    """Evaluate without exploration noise, then clear the policy's per-env state for the train envs again."""
-    policy.explore = False
-    info = run_evaluation(cfg, policy, step, run_dir, logger)
-    policy.reset()
-    agg = info["aggregated"]
-    log.info(
-        "eval at %d transitions: avg_sum_reward=%.2f pc_success=%.1f",
-        step,
-        agg["avg_sum_reward"],
-        agg["pc_success"],
-    )
-    return info

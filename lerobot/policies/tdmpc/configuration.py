@@ -7,14 +7,13 @@ temporal discount rho 0.5). Deviations, and why:
 - An ensemble of `n_q=5` Q-functions whose TD targets and policy objective take the minimum over `n_q_min=2`
   members drawn at random each update (FOWM / REDQ): less over-estimation than TD-MPC's two Q-functions.
 - Hidden layers are Linear -> LayerNorm -> ELU (TD-MPC's ELU plus FOWM's LayerNorm; Mish, as in FOWM, is
-  three times slower than ELU on CPU for no gain we could see), and the latent state is SimNorm-ed
+  slower than ELU on CPU for no gain we could see), and the latent state is SimNorm-ed
   (softmax over groups of `simnorm_dim` units, TD-MPC2): the latent stays bounded so long latent rollouts and
   the consistency loss cannot blow up. `latent_dim` must therefore be a multiple of `simnorm_dim`.
 - The policy objective is divided by a running estimate of the Q scale so that tasks with large returns
   (Pendulum: rewards down to -16 per step) do not let the policy gradient dominate the shared gradient clip.
 
-Planner settings sized for a GPU are slow on a CPU (about a second per call for 8 envs, see docs/tdmpc.md);
-smaller ones for CPU experiments are given there as overrides.
+The planner defaults are sized for a GPU; docs/tdmpc.md gives smaller ones for CPU experiments as overrides.
 """
 
 from __future__ import annotations
@@ -74,7 +73,7 @@ class TDMPCConfig(PolicyConfig):
     min_std: float = 0.05
     max_std: float = 2.0
     # Seed of the per-env planner noise; the env in batch slot b uses `planner_seed + b` until
-    # `TDMPCPolicy.set_planner_seed` says otherwise.
+    # `TDMPCPolicy.set_noise_seed` says otherwise.
     planner_seed: int = 0
 
     @property

@@ -11,6 +11,7 @@ Learning path: the online trainer samples sub-trajectories from the replay buffe
     batch["next.terminated"]  (B, H)       1 where step t ended the episode by termination (no bootstrap)
 
 then, after the optimiser step, `update_target()` moves the EMA target network towards the online one.
+`TDMPCPolicy` implements the `OnlinePolicy` contract the online trainer relies on.
 """
 
 from __future__ import annotations
@@ -23,22 +24,21 @@ import torch
 from torch import Tensor
 
 from lerobot.constants import ACTION, NEXT_REWARD, NEXT_TERMINATED
-from lerobot.policies.policy import Policy
+from lerobot.policies.online_policy import OnlinePolicy
 from lerobot.policies.tdmpc.configuration import TDMPCConfig
 from lerobot.policies.tdmpc.networks import BoundsNormalizer, WorldModel
 from lerobot.policies.tdmpc.planner import MPPIPlanner, PlannerSettings
 
-# Termination flag of a transition (bootstrap mask = 1 - terminated); written by the replay buffer.
 
-
-class TDMPCPolicy(Policy):
+class TDMPCPolicy(OnlinePolicy):
     """TD-MPC: plans with MPPI in a learned latent space, learns from replayed sub-trajectories.
 
     `dataset_stats` is accepted for the factory's signature and ignored: normalisation comes from the
     features' `low`/`high` bounds, which online RL knows before it has seen any data.
 
-    Extra methods for the trainer: `update_target()` (EMA of the target network), `set_planner_seed()`,
-    and the `explore` attribute (add exploration noise to planned actions while collecting data).
+    As an `OnlinePolicy`: `replay_horizon` is `config.horizon`, `update_target()` is an EMA step of the
+    target network, `set_noise_seed()` seeds the per-env planner noise, and `explore` adds the planner's
+    final std as noise to the first planned action.
     """
 
     def __init__(self, config: TDMPCConfig, dataset_stats: dict | None = None):
@@ -64,7 +64,6 @@ class TDMPCPolicy(Policy):
         # Running mean |Q|, dividing the policy objective so its gradient scale does not depend on the task's
         # reward scale.
         self.register_buffer("q_scale", torch.ones(()))
-        self.explore = False
         self.planner = MPPIPlanner(
             PlannerSettings(
                 horizon=config.planning_horizon,
@@ -88,9 +87,14 @@ class TDMPCPolicy(Policy):
         if planner is not None:
             planner.reset(env_ids)
 
-    def set_planner_seed(self, seed: int | Sequence[int]) -> None:
+    def set_noise_seed(self, seed: int | Sequence[int]) -> None:
         """Seed planner noise: an int gives env slot b `seed + b`; a sequence gives one seed per env slot."""
         self.planner.set_seed(seed)
+
+    @property
+    def replay_horizon(self) -> int:
+        """Length H of the replayed sub-trajectories the losses are computed on."""
+        return self.config.horizon
 
     def encode_observation(self, batch: dict[str, Tensor]) -> Tensor:
         """Normalised, flattened, concatenated observation features: (..., *shape) per key -> (..., obs_dim)."""

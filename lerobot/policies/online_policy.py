@@ -1,0 +1,40 @@
+"""`OnlinePolicy`: what a policy that learns from its own experience provides to the online trainer."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+
+from lerobot.policies.policy import Policy
+
+
+class OnlinePolicy(Policy):
+    """A `Policy` trained by `lerobot.training.online` from a replay buffer of its own transitions.
+
+    Its `forward` takes a batch of replayed sub-trajectories of `replay_horizon` transitions (the layout of
+    `ReplayBuffer.sample`: observations `(B, H+1, ...)`, `action (B, H, A)`, `next.reward`,
+    `next.terminated`, `next.truncated`, `next.done` `(B, H)`). Besides that and `predict_action_chunk`, a
+    subclass provides:
+
+    - `explore`: a switch the trainer turns on while collecting data and off otherwise; while on,
+      `predict_action_chunk` adds exploration noise. Evaluation always runs with it off.
+    - `update_target()`: called after every gradient update (e.g. an EMA step of a target network).
+    - `set_noise_seed(seed)`: seeds the policy's own action noise, so data collection is reproducible.
+    """
+
+    def __init__(self, *, n_obs_steps: int, n_action_steps: int):
+        super().__init__(n_obs_steps=n_obs_steps, n_action_steps=n_action_steps)
+        self.explore = False
+
+    @property
+    @abc.abstractmethod
+    def replay_horizon(self) -> int:
+        """Transitions per replayed sample: the H of the `(B, H+1, ...)` observations `forward` expects."""
+
+    @abc.abstractmethod
+    def update_target(self) -> None:
+        """Move whatever trails the trained weights (e.g. a target network) one step after an update."""
+
+    @abc.abstractmethod
+    def set_noise_seed(self, seed: int | Sequence[int]) -> None:
+        """Seed the action noise: an int gives env slot b `seed + b`; a sequence gives one seed per slot."""

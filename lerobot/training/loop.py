@@ -1,0 +1,221 @@
+"""What the offline and online trainers share: one gradient update and the skeleton of the loop around it.
+
+`TrainStep` is the update (autocast, loss check, backward, clipping, optimizer, LR schedule, EMA).
+`TrainingLoop` is the run's progress: the step counter (gradient steps offline, env transitions online), the
+progress bar, the metrics log, and when logging, checkpointing and evaluation are due. A trainer is its own
+work between two `advance` calls:
+
+    with TrainingLoop(cfg, run_dir, start=step, resumed=...) as loop:
+        while loop.running:
+            ...                                  # offline: a batch, one update; online: collect, n updates
+            due = loop.advance(n)                # n = steps this iteration counts
+            if due.log: loop.log(metrics)
+            if due.checkpoint: save_checkpoint(...)
+            if due.eval: loop.evaluate(policy)
+
+Each of the three is due when the counter crosses a multiple of its period (`training.log_freq`,
+`training.save_freq`, `eval.freq`; 0 disables evaluation) and after the last iteration.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from lerobot.policies.config import PolicyConfig
+from lerobot.policies.policy import Policy
+from lerobot.training.checkpoint import get_rng_state, set_rng_state
+from lerobot.training.common import TrainingDivergedError, evaluate
+from lerobot.training.logger import MetricsLogger
+
+log = logging.getLogger(__name__)
+
+
+def build_optimizer(policy: Policy, policy_cfg: PolicyConfig, total_steps: int):
+    """AdamW over `policy.optimizer_param_groups()` with the policy's optimizer settings as defaults, and a
+    diffusers LR schedule (warm-up, then e.g. cosine) over `total_steps` updates."""
+    from diffusers.optimization import get_scheduler
+
+    optimizer = torch.optim.AdamW(
+        policy.optimizer_param_groups(),
+        lr=policy_cfg.optimizer_lr,
+        betas=tuple(policy_cfg.optimizer_betas),
+        eps=policy_cfg.optimizer_eps,
+        weight_decay=policy_cfg.optimizer_weight_decay,
+    )
+    scheduler = get_scheduler(
+        policy_cfg.scheduler_name,
+        optimizer=optimizer,
+        num_warmup_steps=policy_cfg.scheduler_warmup_steps,
+        num_training_steps=max(total_steps, 1),
+    )
+    return optimizer, scheduler
+
+
+class TrainStep:
+    """One gradient update of `policy`; owns the optimizer, the LR scheduler and the EMA weights.
+
+    The loss is computed under bf16 autocast when `training.use_amp` is set; a loss that is not finite stops
+    training; gradients are clipped to `training.grad_clip_norm`; the EMA of the weights (when the policy
+    config sets `use_ema`) steps after the optimizer.
+    """
+
+    def __init__(
+        self, policy: Policy, policy_cfg: PolicyConfig, training_cfg: DictConfig, total_updates: int
+    ):
+        self.policy = policy
+        self.optimizer, self.scheduler = build_optimizer(policy, policy_cfg, total_updates)
+        self.ema = None
+        if policy_cfg.use_ema:
+            from diffusers.training_utils import EMAModel
+
+            self.ema = EMAModel(
+                policy.parameters(),
+                decay=policy_cfg.ema_max_decay,
+                use_ema_warmup=True,
+                power=policy_cfg.ema_power,
+            )
+        self.grad_clip_norm = training_cfg.grad_clip_norm
+        self.use_amp = training_cfg.use_amp
+
+    def __call__(self, batch: dict[str, Tensor], where: str) -> dict[str, Tensor]:
+        """Update on `batch`; return the policy's outputs (detached) and `grad_norm` (before clipping).
+
+        `where` names the update in the error raised when the loss is NaN or infinite (e.g. "step 12").
+        """
+        self.policy.train()
+        device_type = next(self.policy.parameters()).device.type
+        with torch.autocast(device_type, dtype=torch.bfloat16, enabled=self.use_amp):
+            output = self.policy.forward(batch)
+        loss = output["loss"]
+        if not torch.isfinite(loss):
+            raise TrainingDivergedError(
+                f"loss is {loss.item()} at {where}; stopping. The run's last good checkpoint (if one was "
+                "saved) is checkpoints/last; lower the learning rate or training.grad_clip_norm"
+            )
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.grad_clip_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        if self.ema is not None:
+            self.ema.step(self.policy.parameters())
+        return {**{k: v.detach() for k, v in output.items()}, "grad_norm": grad_norm}
+
+    @property
+    def lr(self) -> float:
+        """Learning rate of the first parameter group, as the scheduler last set it."""
+        return self.scheduler.get_last_lr()[0]
+
+    @contextlib.contextmanager
+    def averaged_weights(self) -> Iterator[None]:
+        """Swap the EMA weights into the policy for the duration (no-op without EMA): they are what is
+        evaluated and saved as the checkpoint's model."""
+        if self.ema is None:
+            yield
+            return
+        self.ema.store(self.policy.parameters())
+        self.ema.copy_to(self.policy.parameters())
+        try:
+            yield
+        finally:
+            self.ema.restore(self.policy.parameters())
+
+
+def crossed(before: int, after: int, every: int) -> bool:
+    """Whether a multiple of `every` lies in (before, after]; never for `every` <= 0."""
+    return every > 0 and after // every > before // every
+
+
+@dataclass(frozen=True)
+class Due:
+    """What the trainer does after an iteration of its loop."""
+
+    log: bool
+    checkpoint: bool
+    eval: bool
+
+
+class TrainingLoop:
+    """Progress of a training run from `start` to `training.steps`, its progress bar and its metrics log.
+
+    A context manager: leaving it closes the progress bar and the logger (final curves, wandb).
+    """
+
+    def __init__(
+        self, cfg: DictConfig, run_dir: Path, start: int, resumed: bool, unit: str, progress: bool = True
+    ):
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.step = start
+        self.total = cfg.training.steps
+        # A resumed run drops what the interrupted one logged after its checkpoint.
+        self.logger = MetricsLogger(run_dir, cfg, resume_step=start if resumed else None)
+        self._bar = tqdm(
+            total=self.total, initial=start, unit=unit, desc="train", disable=not progress, dynamic_ncols=True
+        )
+
+    def __enter__(self) -> TrainingLoop:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._bar.close()
+        self.logger.close()
+
+    @property
+    def running(self) -> bool:
+        """Whether the run has steps left."""
+        return self.step < self.total
+
+    def advance(self, n: int) -> Due:
+        """Count `n` more steps; say whether logging, checkpointing and evaluation are due now."""
+        before, self.step = self.step, self.step + n
+        self._bar.update(n)
+        last = not self.running
+        return Due(
+            log=last or crossed(before, self.step, self.cfg.training.log_freq),
+            checkpoint=last or crossed(before, self.step, self.cfg.training.save_freq),
+            eval=self.cfg.eval.freq > 0 and (last or crossed(before, self.step, self.cfg.eval.freq)),
+        )
+
+    def log(self, metrics: dict[str, float]) -> None:
+        """Record training metrics at the current step and show the loss on the progress bar."""
+        self.logger.log(self.step, metrics)
+        shown = {k: f"{metrics[k]:.4g}" for k in ("loss", "episode_return") if k in metrics}
+        if shown:
+            self._bar.set_postfix(shown)
+
+    def evaluate(self, policy: Policy) -> dict[str, Any]:
+        """Evaluate `policy` now, into `run_dir/eval/step_<step>/`, and log the aggregated results.
+
+        Random states are saved and restored around the rollouts so that evaluating does not change the
+        training trajectory (a resumed run stays identical to an uninterrupted one).
+        """
+        rng = get_rng_state()
+        was_training = policy.training
+        try:
+            info = evaluate(self.cfg, policy, self.run_dir / "eval" / f"step_{self.step:09d}")
+        finally:
+            policy.train(was_training)
+            set_rng_state(rng)
+        agg = info["aggregated"]
+        log.info(
+            "eval at step %d: pc_success=%.1f avg_max_reward=%.3f avg_sum_reward=%.2f",
+            self.step,
+            agg["pc_success"],
+            agg["avg_max_reward"],
+            agg["avg_sum_reward"],
+        )
+        self.logger.log(self.step, agg, split="eval")
+        for path in info["video_paths"][:1]:
+            self.logger.log_video(self.step, path)
+        return info
