@@ -79,3 +79,23 @@ def test_invalid_settings():
         UpdateSchedule(n_envs=0)
     with pytest.raises(ConfigError):
         UpdateSchedule(n_envs=1, utd_ratio=-1.0)
+
+
+def test_training_loop_says_when_log_checkpoint_and_eval_are_due(tmp_path):
+    from lerobot.cli import compose_config
+    from lerobot.training.loop import TrainingLoop
+
+    cfg = compose_config(
+        ["policy=tdmpc", "env=pendulum", "training.steps=45", "training.log_freq=10", "training.save_freq=20"]
+    )
+    cfg.eval.freq = 0
+    due = []
+    with TrainingLoop(cfg, tmp_path, start=0, resumed=False, unit="tr", progress=False) as loop:
+        while loop.running:
+            d = loop.advance(4)
+            due.append((loop.step, d.log, d.checkpoint, d.eval))
+    # A period is due when the count crosses one of its multiples (8 -> 12 crosses 10), and all at the end.
+    logged = [s for s, log, _, _ in due if log]
+    saved = [s for s, _, ckpt, _ in due if ckpt]
+    assert logged == [12, 20, 32, 40, 48] and saved == [20, 40, 48]
+    assert not any(e for *_, e in due)

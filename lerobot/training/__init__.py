@@ -1,4 +1,4 @@
-"""Trainers: offline (demonstrations) and online (replay buffer), sharing checkpoints and logging."""
+"""Trainers: offline (demonstrations) and online (replay buffer), sharing one update and loop skeleton (`loop.py`)."""
 
 from __future__ import annotations
 

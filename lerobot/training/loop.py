@@ -2,8 +2,8 @@
 
 `TrainStep` is the update (autocast, loss check, backward, clipping, optimizer, LR schedule, EMA).
 `TrainingLoop` is the run's progress: the step counter (gradient steps offline, env transitions online), the
-progress bar, the metrics log, and when logging, checkpointing and evaluation are due. A trainer is its own
-work between two `advance` calls:
+progress bar, the metrics log, and when logging, checkpointing and evaluation are due. A trainer writes its
+own work between two `advance` calls:
 
     with TrainingLoop(cfg, run_dir, start=step, resumed=...) as loop:
         while loop.running:
@@ -40,7 +40,9 @@ from lerobot.training.logger import MetricsLogger
 log = logging.getLogger(__name__)
 
 
-def build_optimizer(policy: Policy, policy_cfg: PolicyConfig, total_steps: int):
+def build_optimizer(
+    policy: Policy, policy_cfg: PolicyConfig, total_steps: int
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
     """AdamW over `policy.optimizer_param_groups()` with the policy's optimizer settings as defaults, and a
     diffusers LR schedule (warm-up, then e.g. cosine) over `total_steps` updates."""
     from diffusers.optimization import get_scheduler
@@ -131,14 +133,14 @@ class TrainStep:
             self.ema.restore(self.policy.parameters())
 
 
-def crossed(before: int, after: int, every: int) -> bool:
+def _crossed(before: int, after: int, every: int) -> bool:
     """Whether a multiple of `every` lies in (before, after]; never for `every` <= 0."""
     return every > 0 and after // every > before // every
 
 
 @dataclass(frozen=True)
 class Due:
-    """What the trainer does after an iteration of its loop."""
+    """What is due after an iteration of a trainer's loop."""
 
     log: bool
     checkpoint: bool
@@ -182,9 +184,9 @@ class TrainingLoop:
         self._bar.update(n)
         last = not self.running
         return Due(
-            log=last or crossed(before, self.step, self.cfg.training.log_freq),
-            checkpoint=last or crossed(before, self.step, self.cfg.training.save_freq),
-            eval=self.cfg.eval.freq > 0 and (last or crossed(before, self.step, self.cfg.eval.freq)),
+            log=last or _crossed(before, self.step, self.cfg.training.log_freq),
+            checkpoint=last or _crossed(before, self.step, self.cfg.training.save_freq),
+            eval=self.cfg.eval.freq > 0 and (last or _crossed(before, self.step, self.cfg.eval.freq)),
         )
 
     def log(self, metrics: dict[str, float]) -> None:

@@ -239,10 +239,11 @@ def train_online(cfg: DictConfig, progress: bool = True) -> Path:
         autoreset_mode=AutoresetMode.SAME_STEP,
         render_mode=None,
     )
-    loop = TrainingLoop(
-        cfg, run_dir, start=transitions, resumed=resume_from is not None, unit="tr", progress=progress
-    )
-    with contextlib.closing(envs), loop:
+    resumed = resume_from is not None
+    with (
+        contextlib.closing(envs),
+        TrainingLoop(cfg, run_dir, start=transitions, resumed=resumed, unit="tr", progress=progress) as loop,
+    ):
         # Seeds derived from the transition count, so a resumed run does not replay the episodes it saw.
         envs.action_space.seed(cfg.seed + transitions)
         obs, _ = envs.reset(seed=[cfg.seed + transitions + i for i in range(n_envs)])
