@@ -135,7 +135,7 @@ def _train(argv: list[str] | None) -> int:
     parser.add_argument(
         "overrides", nargs="*", help="Hydra overrides, e.g. policy=diffusion env=pusht training.steps=100"
     )
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
     cfg = compose_config(args.overrides, search_path=args.config_dir)
     from lerobot.training import train
 
@@ -210,7 +210,7 @@ def _eval(argv: list[str] | None) -> int:
     parser.add_argument("--output-dir", type=Path, help="where eval_info.json and videos go")
     _add_config_dir_argument(parser)
     parser.add_argument("overrides", nargs="*", help="e.g. eval.n_episodes=50 eval.batch_size=10 device=cpu")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
 
     from lerobot.policies.factory import make_policy, make_policy_config
     from lerobot.training.checkpoint import load_config, load_policy, resolve_checkpoint_dir

@@ -71,7 +71,7 @@ def test_policy_sees_batch_keys_shapes_and_scaling(tmp_path):
     assert policy.gain.grad is not None
 
 
-def test_inference_layer_comes_from_the_registration():
+def test_inference_layer_comes_from_the_registration(tmp_path):
     cfg = compose_config(["policy=tiny", "env=nested_pixels"], search_path=[CONFIGS])
     policy = make_policy(make_policy_config(cfg.policy, env_config(cfg)))
     with inference_context(policy):  # registered without `inference`: a no-op
@@ -86,6 +86,12 @@ def test_inference_layer_comes_from_the_registration():
     policy = make_policy(make_policy_config(section, env_config(cfg)))
     with inference_context(policy):
         assert tiny_policy.ENTERED[-1] == "tiny_ctx"
+    # Evaluation runs inside the registered layer.
+    n_entered = len(tiny_policy.ENTERED)
+    cfg.eval.n_episodes, cfg.eval.batch_size, cfg.eval.max_episodes_rendered = 2, 2, 0
+    cfg.eval.use_async_envs = "false"
+    evaluate(cfg, policy, tmp_path)
+    assert tiny_policy.ENTERED[n_entered:] == ["tiny_ctx"]
     with pytest.raises(ValueError, match="already registered"):
         register_policy("tiny", config="tiny_policy:TinyConfig", policy="tiny_policy:Other")
 

@@ -75,6 +75,15 @@ def test_train_images_then_eval_checkpoint(tmp_path, data_args):
     assert eval_main(["--checkpoint", str(run), "eval.n_episodes=2", "--output-dir", str(out)]) == 0
     info = json.loads((out / "eval_info.json").read_text())
     assert [e["n_steps"] for e in info["per_episode"]] == [8, 8]
+    # The CPU inference layer is switched on from the command line, for evaluation only.
+    fast = tmp_path / "eval_fast"
+    overrides = ["policy.inference.fast=true", "policy.inference.dtype=bfloat16"]
+    assert (
+        eval_main(["--checkpoint", str(run), "eval.n_episodes=2", "--output-dir", str(fast), *overrides]) == 0
+    )
+    info = json.loads((fast / "eval_info.json").read_text())
+    assert info["config"]["policy"]["inference"]["fast"] is True
+    assert [e["n_steps"] for e in info["per_episode"]] == [8, 8]
 
 
 def test_resume_is_exact(tmp_path, data_args, monkeypatch):

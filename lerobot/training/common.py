@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from lerobot.config import ConfigError, env_config
 from lerobot.envs import make_env, resolve_use_async
+from lerobot.policies.factory import inference_context
 from lerobot.policies.policy import Policy
 from lerobot.rollout import eval_policy
 from lerobot.training.checkpoint import latest_checkpoint
@@ -89,17 +90,19 @@ def evaluate(cfg: DictConfig, policy: Policy, out_dir: Path, progress: bool = Fa
     )
     env = make_env(env_cfg, n_envs, use_async=use_async, copy=False)
     try:
-        info = eval_policy(
-            env,
-            policy,
-            cfg.eval.n_episodes,
-            start_seed=cfg.eval.start_seed,
-            max_episodes_rendered=cfg.eval.max_episodes_rendered,
-            videos_dir=Path(out_dir) / "videos",
-            progress=progress,
-            step_timeout_s=cfg.eval.step_timeout_s,
-            schedule=cfg.eval.schedule,
-        )
+        # The policy's registered inference layer (e.g. Diffusion's CPU fast path), if its config enables it.
+        with inference_context(policy):
+            info = eval_policy(
+                env,
+                policy,
+                cfg.eval.n_episodes,
+                start_seed=cfg.eval.start_seed,
+                max_episodes_rendered=cfg.eval.max_episodes_rendered,
+                videos_dir=Path(out_dir) / "videos",
+                progress=progress,
+                step_timeout_s=cfg.eval.step_timeout_s,
+                schedule=cfg.eval.schedule,
+            )
     finally:
         env.close()
     info["config"] = OmegaConf.to_container(cfg, resolve=True)
