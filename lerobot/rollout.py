@@ -15,8 +15,7 @@ Exactness rules:
   ends; with `schedule="refill_aligned"` (default) it starts it at the next step where the other slots get
   new action chunks (at most `n_action_steps - 1` idle steps; at once when no other slot is running), so
   one batched chunk prediction keeps serving all slots instead of one per chunk phase (plain refill
-  spreads the slots over every phase: 2x slower evaluation of the trained Diffusion Policy here, see
-  docs/benchmarks.md); `schedule="batch"` waits until every slot is done (fixed batches of `num_envs`).
+  spreads the slots over every phase, see docs/evaluation.md); `schedule="batch"` waits until every slot is done (fixed batches of `num_envs`).
   All give identical per-episode results for a deterministic policy.
 """
 
@@ -42,7 +41,7 @@ from lerobot.policies.policy import Policy
 
 # A reset that takes longer than this means a worker hangs; fail instead of waiting forever. Steps wait
 # without a timeout unless `eval_policy(step_timeout_s=...)` asks for one: gymnasium enforces it by polling
-# every worker's pipe each step, which cost 10-15% of the evaluation rate with 4-8 keypoint envs here.
+# every worker's pipe each step, which slows every step (docs/evaluation.md).
 ASYNC_RESET_TIMEOUT_S = 120.0
 
 
