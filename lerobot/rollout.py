@@ -309,7 +309,9 @@ def eval_policy(
         while not episodes.done:
             if waiting.size and (episodes.n_active == 0 or policy.steps_until_chunk() == 0):
                 obs, waiting = start(waiting), waiting[:0]
-            action = policy.select_action(observation_to_batch(obs, device)).numpy()
+            # Between chunks a policy that keeps no history reads no observation: skip converting it.
+            needs_obs = policy.n_obs_steps > 1 or policy.steps_until_chunk() == 0
+            action = policy.select_action(observation_to_batch(obs, device) if needs_obs else None).numpy()
             obs, reward, terminated, truncated, info = _step(env, action, step_timeout_s)
             vector_step += 1
             busy_steps += episodes.n_active

@@ -129,3 +129,20 @@ def test_returned_actions_are_not_overwritten_by_later_chunks():
     for t in range(5):
         policy.select_action(obs(3 + t, 4 + t))
     assert torch.equal(first, kept)
+
+
+def test_select_action_without_observation_between_chunks():
+    """A policy without history pops queued actions with no observation; a due chunk needs one."""
+    policy = StepEncodingPolicy(1, 3, horizon=3)
+    with_obs = StepEncodingPolicy(1, 3, horizon=3)
+    for t in range(7):
+        due = policy.steps_until_chunk() == 0
+        got = policy.select_action(obs(t, 10 + t) if due else None)
+        assert got.tolist() == with_obs.select_action(obs(t, 10 + t)).tolist()
+    assert policy.steps_until_chunk() == 2
+    with pytest.raises(ValueError, match="steps_until_chunk"):
+        StepEncodingPolicy(1, 3, horizon=3).select_action(None)  # the first call predicts a chunk
+    history = StepEncodingPolicy(2, 3, horizon=3)
+    history.select_action(obs(0))
+    with pytest.raises(ValueError, match="n_obs_steps == 1"):
+        history.select_action(None)  # the next chunk reads this step's observation

@@ -58,7 +58,10 @@ class Policy(nn.Module, abc.ABC):
     # ----------------------------------------------------------------- to implement
     @abc.abstractmethod
     def predict_action_chunk(self, batch: dict[str, Tensor]) -> Tensor:
-        """Return actions (B, T, action_dim), T >= n_action_steps, from observations (B, n_obs_steps, ...)."""
+        """Return actions (B, T, action_dim), T >= n_action_steps, from observations (B, n_obs_steps, ...).
+
+        Runs in the caller's grad mode: a policy with networks decorates it with `@torch.no_grad()`.
+        """
 
     @abc.abstractmethod
     def forward(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -90,6 +93,7 @@ class Policy(nn.Module, abc.ABC):
         state.first_step[ids] = state.step
         state.chunk_step[ids] = _NO_CHUNK
         state.refill_step = state.step
+        state.aligned_step = None
         self.on_reset(torch.from_numpy(ids))
 
     def steps_until_chunk(self) -> int:
@@ -97,18 +101,37 @@ class Policy(nn.Module, abc.ABC):
         state = self._acting
         return max(state.refill_step - state.step, 0)
 
-    def select_action(self, batch: dict[str, Tensor]) -> Tensor:
+    def select_action(self, batch: dict[str, Tensor] | None) -> Tensor:
         """One action per env, (B, action_dim) float32 on the CPU, for the current observations (B, ...).
 
         Actions go to envs, which live on the host: a chunk is copied from the policy's device once, when
-        it is queued, and each step's action is read from that copy.
+        it is queued, and each step's action is read from that copy. `batch` may be None at a step that
+        predicts no chunk (`steps_until_chunk() > 0`) of a policy that keeps no history (`n_obs_steps ==
+        1`): nothing would read it, so a caller can skip converting it.
         """
+        state = self._acting
+        if batch is None:
+            if self.n_obs_steps > 1 or state.step >= state.refill_step:
+                raise ValueError("select_action(None) needs n_obs_steps == 1 and steps_until_chunk() > 0")
+        else:
+            self._observe(state, batch)
+            state = self._acting
+        if state.step >= state.refill_step:
+            self._queue_chunks(state, np.flatnonzero(state.chunk_step + self.n_action_steps <= state.step))
+        if state.aligned_step is not None:  # every env reads the same queue column: a view, no gather
+            action = state.queue[:, state.step - state.aligned_step]
+        else:
+            action = state.queue[np.arange(state.batch_size), state.step - state.chunk_step]
+        state.step += 1
+        return torch.from_numpy(action)
+
+    def _observe(self, state: _ActingState, batch: dict[str, Tensor]) -> None:
+        """Add the observation keys of `batch` to the history (starting over on a new batch size or key set)."""
         obs = {k: v for k, v in batch.items() if k.startswith(OBS_PREFIX)}
         if not obs:
             raise KeyError(
                 f"select_action needs observation keys (starting with {OBS_PREFIX!r}), got {list(batch)}"
             )
-        state = self._acting
         batch_size = next(iter(obs.values())).shape[0]
         if batch_size != state.batch_size or (state.history and state.history[-1].keys() != obs.keys()):
             self.reset()
@@ -118,11 +141,6 @@ class Policy(nn.Module, abc.ABC):
             state.chunk_step = np.full(batch_size, _NO_CHUNK, dtype=np.int64)
         # Older observations must survive the caller reusing its tensors; with one step none is kept.
         state.history.append({k: v.detach().clone() for k, v in obs.items()} if self.n_obs_steps > 1 else obs)
-        if state.step >= state.refill_step:
-            self._queue_chunks(state, np.flatnonzero(state.chunk_step + self.n_action_steps <= state.step))
-        action = state.queue[np.arange(batch_size), state.step - state.chunk_step]
-        state.step += 1
-        return torch.from_numpy(action)
 
     def _queue_chunks(self, state: _ActingState, ids: np.ndarray) -> None:
         """Predict chunks for the envs `ids` from their histories and queue their first n_action_steps."""
@@ -130,8 +148,7 @@ class Policy(nn.Module, abc.ABC):
         device = next(iter(history.values())).device
         state.chunk_env_ids = None if ids.size == state.batch_size else torch.from_numpy(ids).to(device)
         try:
-            with torch.no_grad():
-                chunk = self.predict_action_chunk(history)
+            chunk = self.predict_action_chunk(history)
         finally:
             state.chunk_env_ids = None
         if chunk.ndim != 3 or chunk.shape[0] != ids.size or chunk.shape[1] < self.n_action_steps:
@@ -139,12 +156,18 @@ class Policy(nn.Module, abc.ABC):
                 f"{type(self).__name__}.predict_action_chunk returned shape {tuple(chunk.shape)}; expected "
                 f"(B={ids.size}, T>={self.n_action_steps}, action_dim)"
             )
-        chunk = chunk[:, : self.n_action_steps].float().numpy(force=True)
-        if state.queue is None or state.queue.shape[2] != chunk.shape[2]:
-            state.queue = np.zeros((state.batch_size, *chunk.shape[1:]), dtype=np.float32)
-        state.queue[ids] = chunk
+        # A host copy (np.array copies) that the policy cannot change later, e.g. by reusing its tensors.
+        chunk = np.array(chunk.to("cpu", torch.float32).numpy(force=True)[:, : self.n_action_steps])
+        # A new queue rather than an in-place write: actions returned earlier may be views of the old one.
+        if ids.size == state.batch_size:
+            state.queue = chunk
+        else:
+            state.queue = state.queue.copy()
+            state.queue[ids] = chunk
         state.chunk_step[ids] = state.step
-        state.refill_step = int(state.chunk_step.min()) + self.n_action_steps
+        oldest = int(state.chunk_step.min())
+        state.refill_step = oldest + self.n_action_steps
+        state.aligned_step = oldest if oldest == state.step else None
 
     def _stacked_history(self, state: _ActingState, ids: np.ndarray) -> dict[str, Tensor]:
         """`{key: (b, n_obs_steps, ...)}` for the envs `ids`, oldest first.
@@ -152,10 +175,9 @@ class Policy(nn.Module, abc.ABC):
         History slots from before an env's reset (or before its first step) repeat its first observation
         since then.
         """
-        n_kept = len(state.history)
+        n_kept, source = len(state.history), None
         n_valid = np.minimum(state.step - state.first_step[ids] + 1, n_kept)  # observations since reset
-        source = None
-        if n_valid.min() < self.n_obs_steps:
+        if self.n_obs_steps > 1 and n_valid.min() < self.n_obs_steps:
             # (b, n_obs_steps): the kept observation each slot takes, clamped to the env's first valid one.
             first = (n_kept - n_valid)[:, None]
             source = torch.from_numpy(
@@ -192,4 +214,5 @@ class _ActingState:
     first_step: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # (B,) since reset
     chunk_step: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # (B,) queued at
     refill_step: int = 0  # first step at which some env's queue is used up
+    aligned_step: int | None = None  # the chunk step all envs share, when they share one
     chunk_env_ids: Tensor | None = None  # see `Policy.chunk_env_ids`
