@@ -133,6 +133,11 @@ class TrainStep:
             self.ema.restore(self.policy.parameters())
 
 
+def to_device(batch: dict[str, Tensor], device: torch.device) -> dict[str, Tensor]:
+    """`batch` with every tensor on `device` (asynchronous copies from pinned memory)."""
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
 def _crossed(before: int, after: int, every: int) -> bool:
     """Whether a multiple of `every` lies in (before, after]; never for `every` <= 0."""
     return every > 0 and after // every > before // every

@@ -10,19 +10,99 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from omegaconf import DictConfig
 
 from lerobot.config import ConfigError, env_config
-from lerobot.datasets import cycle_batches, make_dataset
+from lerobot.datasets import EpisodeDataset, cycle_batches, make_dataset
+from lerobot.policies.config import PolicyConfig
 from lerobot.policies.factory import make_policy, make_policy_config
 from lerobot.policies.online_policy import OnlinePolicy
+from lerobot.policies.policy import Policy
 from lerobot.training.checkpoint import get_rng_state, load_training_state, save_checkpoint, set_rng_state
 from lerobot.training.common import resolve_device, set_seed, setup_run
-from lerobot.training.loop import TrainingLoop, TrainStep
+from lerobot.training.loop import TrainingLoop, TrainStep, to_device
 
 log = logging.getLogger(__name__)
+
+
+def make_offline_policy(policy_cfg: PolicyConfig, dataset: EpisodeDataset, device: torch.device) -> Policy:
+    """The configured policy on `device`, normalizing with `dataset`'s statistics; a config error when it
+    learns online only."""
+    policy = make_policy(policy_cfg, dataset_stats=dataset.stats).to(device)
+    if isinstance(policy, OnlinePolicy):
+        raise ConfigError(
+            f"policy {policy_cfg.name!r} learns online from its own experience; it cannot train on a dataset "
+            "(its config's training_mode must be 'online')"
+        )
+    if device.type == "cuda":
+        policy = policy.to(memory_format=torch.channels_last)
+    log.info(
+        "policy %s: %.1fM parameters; %d frames in %d episodes",
+        policy_cfg.name,
+        sum(p.numel() for p in policy.parameters()) / 1e6,
+        dataset.num_frames,
+        dataset.num_episodes,
+    )
+    return policy
+
+
+class _LogWindow:
+    """Time spent loading batches and updating since the last log, turned into the rates of the next one."""
+
+    def __init__(self, batch_size: int):
+        self.batch_size = batch_size
+        self.steps = 0
+        self.data_s = self.update_s = 0.0
+
+    def add(self, data_s: float, update_s: float) -> None:
+        """Count one step that waited `data_s` for its batch and took `update_s` to update."""
+        self.steps += 1
+        self.data_s += data_s
+        self.update_s += update_s
+
+    def pop(self) -> dict[str, float]:
+        """Mean times per step and samples per second over the window ending now, then start a new window."""
+        metrics = {
+            "data_s": self.data_s / self.steps,
+            "update_s": self.update_s / self.steps,
+            "samples_per_s": self.batch_size * self.steps / max(self.data_s + self.update_s, 1e-9),
+        }
+        self.steps = 0
+        self.data_s = self.update_s = 0.0
+        return metrics
+
+
+def save(run_dir: Path, step: int, policy: Policy, update: TrainStep, cfg: DictConfig) -> None:
+    """Checkpoint `step`: the EMA weights (when used) as the model, everything `restore` needs besides."""
+    training_state = {
+        "model": policy.state_dict(),
+        "optimizer": update.optimizer.state_dict(),
+        "scheduler": update.scheduler.state_dict(),
+        "ema": update.ema.state_dict() if update.ema is not None else None,
+        "rng": get_rng_state(),
+        "step": step,
+    }
+    with update.averaged_weights():
+        model = {k: v.clone() for k, v in policy.state_dict().items()}
+    save_checkpoint(run_dir, step, policy, cfg, training_state, eval_state_dict=model)
+
+
+def restore(ckpt_dir: Path, policy: Policy, update: TrainStep) -> tuple[int, dict[str, Any]]:
+    """Load the checkpoint in `ckpt_dir` into `policy` and `update`; return its step and saved random states.
+
+    The random states are left for the caller to set, after it has created the data iterator.
+    """
+    state = load_training_state(ckpt_dir)
+    policy.load_state_dict(state["model"])
+    update.optimizer.load_state_dict(state["optimizer"])
+    update.scheduler.load_state_dict(state["scheduler"])
+    if update.ema is not None:
+        update.ema.load_state_dict(state["ema"])
+    log.info("resumed from %s at step %d", ckpt_dir, state["step"])
+    return state["step"], state["rng"]
 
 
 def train_offline(cfg: DictConfig, progress: bool = True) -> Path:
@@ -34,33 +114,10 @@ def train_offline(cfg: DictConfig, progress: bool = True) -> Path:
     policy_cfg = make_policy_config(cfg.policy, env_cfg)
     batch_size = cfg.training.batch_size or policy_cfg.batch_size
     dataset = make_dataset(cfg.dataset, env_cfg, policy_cfg.delta_timestamps(env_cfg.fps), split="train")
-    policy = make_policy(policy_cfg, dataset_stats=dataset.stats).to(device)
-    if isinstance(policy, OnlinePolicy):
-        raise ConfigError(
-            f"policy {policy_cfg.name!r} learns online from its own experience; it cannot train on a dataset "
-            "(its config's training_mode must be 'online')"
-        )
-    if device.type == "cuda":
-        policy = policy.to(memory_format=torch.channels_last)
+    policy = make_offline_policy(policy_cfg, dataset, device)
     update = TrainStep(policy, policy_cfg, cfg.training, total_updates=cfg.training.steps)
-    log.info(
-        "policy %s: %.1fM parameters; %d frames in %d episodes",
-        policy_cfg.name,
-        sum(p.numel() for p in policy.parameters()) / 1e6,
-        dataset.num_frames,
-        dataset.num_episodes,
-    )
 
-    step = 0
-    state = load_training_state(resume_from) if resume_from is not None else None
-    if state is not None:
-        policy.load_state_dict(state["model"])
-        update.optimizer.load_state_dict(state["optimizer"])
-        update.scheduler.load_state_dict(state["scheduler"])
-        if update.ema is not None:
-            update.ema.load_state_dict(state["ema"])
-        step = state["step"]
-        log.info("resumed from %s at step %d", resume_from, step)
+    step, rng = restore(resume_from, policy, update) if resume_from is not None else (0, None)
     # Creating the loader iterator draws from the global RNG (its base seed), so it is created before the
     # saved RNG state is restored: after that, a resumed run consumes random numbers exactly as the
     # uninterrupted one did.
@@ -72,49 +129,28 @@ def train_offline(cfg: DictConfig, progress: bool = True) -> Path:
         num_workers=cfg.training.num_workers,
         pin_memory=device.type == "cuda",
     )
-    if state is not None:
-        set_rng_state(state["rng"])
+    if rng is not None:
+        set_rng_state(rng)
 
-    data_s = update_s = 0.0  # since the last log, over `window` steps
-    window = 0
+    window = _LogWindow(batch_size)
     with TrainingLoop(
-        cfg, run_dir, start=step, resumed=state is not None, unit="step", progress=progress
+        cfg, run_dir, start=step, resumed=resume_from is not None, unit="step", progress=progress
     ) as loop:
         while loop.running:
             t0 = time.perf_counter()
-            batch = {k: v.to(device, non_blocking=True) for k, v in next(batches).items()}
+            batch = to_device(next(batches), device)
             t1 = time.perf_counter()
             output = update(batch, where=f"step {loop.step + 1}")
             if device.type == "cuda":
                 torch.cuda.synchronize()  # so that update_s measures the update, not its launch
-            data_s += t1 - t0
-            update_s += time.perf_counter() - t1
-            window += 1
+            window.add(data_s=t1 - t0, update_s=time.perf_counter() - t1)
             due = loop.advance(1)
 
             if due.log:
-                metrics = {k: v.item() for k, v in output.items() if v.numel() == 1}
-                metrics.update(
-                    lr=update.lr,
-                    data_s=data_s / window,
-                    update_s=update_s / window,
-                    samples_per_s=batch_size * window / max(data_s + update_s, 1e-9),
-                )
-                loop.log(metrics)
-                data_s = update_s = 0.0
-                window = 0
+                scalars = {k: v.item() for k, v in output.items() if v.numel() == 1}
+                loop.log({**scalars, "lr": update.lr, **window.pop()})
             if due.checkpoint:
-                training_state = {
-                    "model": policy.state_dict(),
-                    "optimizer": update.optimizer.state_dict(),
-                    "scheduler": update.scheduler.state_dict(),
-                    "ema": update.ema.state_dict() if update.ema is not None else None,
-                    "rng": get_rng_state(),
-                    "step": loop.step,
-                }
-                with update.averaged_weights():
-                    model = {k: v.clone() for k, v in policy.state_dict().items()}
-                save_checkpoint(run_dir, loop.step, policy, cfg, training_state, eval_state_dict=model)
+                save(run_dir, loop.step, policy, update, cfg)
             if due.eval:
                 with update.averaged_weights():
                     loop.evaluate(policy)

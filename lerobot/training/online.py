@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from gymnasium.vector import AutoresetMode
 from omegaconf import DictConfig
 from safetensors.torch import load_file
@@ -42,6 +43,7 @@ from safetensors.torch import load_file
 from lerobot.config import ConfigError, EnvConfig, env_config
 from lerobot.constants import ACTION, EPISODE_INDEX, NEXT_REWARD
 from lerobot.envs import make_env, observation_to_batch
+from lerobot.policies.config import PolicyConfig
 from lerobot.policies.factory import make_policy, make_policy_config
 from lerobot.policies.online_policy import OnlinePolicy
 from lerobot.training.checkpoint import (
@@ -52,7 +54,7 @@ from lerobot.training.checkpoint import (
     set_rng_state,
 )
 from lerobot.training.common import resolve_device, set_seed, setup_run
-from lerobot.training.loop import TrainingLoop, TrainStep
+from lerobot.training.loop import TrainingLoop, TrainStep, to_device
 from lerobot.training.replay_buffer import ReplayBuffer, sample_mixed
 
 log = logging.getLogger(__name__)
@@ -176,6 +178,176 @@ class _EpisodeStats:
         return out
 
 
+@dataclass
+class Counts:
+    """How far an online run has got; saved in its checkpoints."""
+
+    transitions: int = 0
+    updates: int = 0
+    # Wall time spent collecting and updating (evaluation and checkpoints excluded), over the whole run.
+    train_time_s: float = 0.0
+
+
+class Collector:
+    """The train envs and their current observations: steps them and stores the transitions in `buffer`.
+
+    The envs autoreset in the same step (`AutoresetMode.SAME_STEP`), so every vector step is a real transition
+    for every env. Actions are uniform random while `schedule.random_actions` says so, the policy's (with
+    `explore` on) afterwards. `episodes` gathers the returns and lengths of the episodes the envs finish.
+    """
+
+    def __init__(
+        self,
+        env_cfg: EnvConfig,
+        n_envs: int,
+        use_async: bool,
+        policy: OnlinePolicy,
+        buffer: ReplayBuffer,
+        schedule: UpdateSchedule,
+        device: torch.device,
+    ):
+        self.envs = make_env(
+            env_cfg, n_envs, use_async=use_async, autoreset_mode=AutoresetMode.SAME_STEP, render_mode=None
+        )
+        self.n_envs = n_envs
+        self.policy = policy
+        self.buffer = buffer
+        self.schedule = schedule
+        self.device = device
+        self.obs: dict[str, np.ndarray] = {}
+        self.episodes = _EpisodeStats(n_envs)
+
+    def start(self, seed: int) -> None:
+        """Start fresh episodes in every env: env `i` is reset with `seed + i`; actions and noise are reseeded."""
+        self.envs.action_space.seed(seed)
+        self.obs, _ = self.envs.reset(seed=[seed + i for i in range(self.n_envs)])
+        self.reset_policy(seed)
+
+    def reset_policy(self, seed: int) -> None:
+        """Clear the policy's per-env state (history, warm-started plans) and reseed its exploration noise."""
+        self.policy.reset()
+        self.policy.set_noise_seed(seed)
+
+    def collect(self, transitions: int) -> int:
+        """Take `train_freq` vector steps, `transitions` having been collected before; return the new total."""
+        self.policy.eval()
+        self.policy.explore = True
+        for _ in range(self.schedule.train_freq):
+            if self.schedule.random_actions(transitions):
+                action = self.envs.action_space.sample()
+            else:
+                action = self.policy.select_action(observation_to_batch(self.obs, self.device)).numpy()
+            next_obs, reward, terminated, truncated, info = self.envs.step(action)
+            self.buffer.add_env_step(
+                self.obs, action, reward, next_obs, terminated, truncated, info, AutoresetMode.SAME_STEP,
+                to_batch=observation_to_batch,
+            )  # fmt: skip
+            done = np.logical_or(terminated, truncated)
+            self.episodes.step(np.asarray(reward, dtype=np.float64), done)
+            if done.any():
+                # New episodes start in these slots: no history or warm-started plan from the old ones.
+                self.policy.reset(np.flatnonzero(done))
+            self.obs = next_obs
+            transitions += self.n_envs
+        self.policy.explore = False
+        return transitions
+
+    def close(self) -> None:
+        """Close the train envs."""
+        self.envs.close()
+
+
+class _LogWindow:
+    """Update outputs and timings since the last log, turned into the metrics of the next one."""
+
+    def __init__(self, transitions: int, n_envs: int):
+        self.n_envs = n_envs
+        self._restart(transitions)
+
+    def _restart(self, transitions: int) -> None:
+        self.start = transitions
+        self.sums: dict[str, float] = defaultdict(float)  # per-update outputs
+        self.updates = 0
+        self.collect_s = self.update_s = 0.0
+
+    def add_update(self, output: dict[str, torch.Tensor]) -> None:
+        """Count one update and add its outputs to the sums."""
+        self.updates += 1
+        for k, v in output.items():
+            self.sums[k] += float(v)
+
+    def pop(
+        self, counts: Counts, episodes: dict[str, float], lr: float, buffer_size: int
+    ) -> dict[str, float]:
+        """The metrics of the window ending now (means over its updates, rates), then start a new window."""
+        window = counts.transitions - self.start
+        metrics = {k: v / self.updates for k, v in self.sums.items()} if self.updates else {}
+        metrics.update(episodes)
+        metrics.update(
+            lr=lr,
+            updates=counts.updates,
+            updates_per_transition=self.updates / max(window, 1),
+            update_s=self.update_s / max(self.updates, 1),
+            collect_s=self.collect_s / max(window / self.n_envs, 1),
+            env_steps_per_s=window / max(self.collect_s + self.update_s, 1e-9),
+            buffer_size=buffer_size,
+            train_time_s=counts.train_time_s,
+        )
+        self._restart(counts.transitions)
+        return metrics
+
+
+def make_online_policy(policy_cfg: PolicyConfig, device: torch.device) -> OnlinePolicy:
+    """The configured policy on `device`; a config error when it cannot learn online."""
+    policy = make_policy(policy_cfg).to(device)
+    if not isinstance(policy, OnlinePolicy):
+        raise ConfigError(
+            f"policy {policy_cfg.name!r} cannot learn online: {type(policy).__name__} is not an OnlinePolicy "
+            "(lerobot/policies/online_policy.py); its config's training_mode must be 'offline'"
+        )
+    if policy_cfg.use_ema:
+        raise ConfigError("policy.use_ema=true: the online trainer keeps no EMA weights (see update_target)")
+    return policy
+
+
+def checkpoint_state(
+    update: TrainStep, schedule: UpdateSchedule, counts: Counts, buffer: ReplayBuffer | None
+) -> dict[str, Any]:
+    """What `restore` needs to continue the run, besides the weights; `buffer` is saved unless None."""
+    state = {
+        "optimizer": update.optimizer.state_dict(),
+        "lr_scheduler": update.scheduler.state_dict(),
+        "schedule": schedule.state_dict(),
+        "transitions": counts.transitions,
+        "updates": counts.updates,
+        "rng": get_rng_state(),
+        "train_time_s": counts.train_time_s,
+    }
+    if buffer is not None:
+        state["replay_buffer"] = buffer.state_dict()
+    return state
+
+
+def restore(
+    ckpt_dir: Path, policy: OnlinePolicy, update: TrainStep, schedule: UpdateSchedule, buffer: ReplayBuffer
+) -> Counts:
+    """Load the checkpoint in `ckpt_dir` into the run's objects and the global random states; return its counts.
+
+    The replay buffer is restored when the checkpoint holds one, else `buffer` stays empty.
+    """
+    policy.load_state_dict(load_file(ckpt_dir / MODEL_FILE))
+    state = load_training_state(ckpt_dir)
+    update.optimizer.load_state_dict(state["optimizer"])
+    update.scheduler.load_state_dict(state["lr_scheduler"])
+    schedule.load_state_dict(state["schedule"])
+    counts = Counts(state["transitions"], state["updates"], float(state.get("train_time_s", 0.0)))
+    set_rng_state(state["rng"])
+    if "replay_buffer" in state:
+        buffer.load_state_dict(state["replay_buffer"])
+    log.info("resumed from %s at %d transitions (%d updates)", ckpt_dir, counts.transitions, counts.updates)
+    return counts
+
+
 def train_online(cfg: DictConfig, progress: bool = True) -> Path:
     """Train an `OnlinePolicy` (TD-MPC) as configured; return the run directory.
 
@@ -195,142 +367,55 @@ def train_online(cfg: DictConfig, progress: bool = True) -> Path:
         raise ConfigError(f"training.offline_ratio={tcfg.offline_ratio} must be in [0, 1]")
     device = resolve_device(cfg.device)
     set_seed(cfg.seed)
-    n_envs = tcfg.n_envs
-
-    policy = make_policy(policy_cfg).to(device)
-    if not isinstance(policy, OnlinePolicy):
-        raise ConfigError(
-            f"policy {policy_cfg.name!r} cannot learn online: {type(policy).__name__} is not an OnlinePolicy "
-            "(lerobot/policies/online_policy.py); its config's training_mode must be 'offline'"
-        )
-    if policy_cfg.use_ema:
-        raise ConfigError("policy.use_ema=true: the online trainer keeps no EMA weights (see update_target)")
+    policy = make_online_policy(policy_cfg, device)
     horizon = policy.replay_horizon
     schedule = UpdateSchedule.from_config(tcfg)
     update = TrainStep(policy, policy_cfg, tcfg, total_updates=schedule.count_updates(tcfg.steps))
-    buffer = ReplayBuffer(tcfg.buffer_capacity, n_envs, seed=cfg.seed)
+    buffer = ReplayBuffer(tcfg.buffer_capacity, tcfg.n_envs, seed=cfg.seed)
     demos = None
     if tcfg.offline_ratio > 0:
         demos = load_demonstrations(cfg, env_cfg, sorted(policy_cfg.input_features))
-
-    transitions = updates = 0
-    refill_needed = 0
-    # Wall time spent collecting and updating (evaluation and checkpoints excluded), over the whole run.
-    train_time_s = 0.0
-    if resume_from is not None:
-        policy.load_state_dict(load_file(resume_from / MODEL_FILE))
-        state = load_training_state(resume_from)
-        update.optimizer.load_state_dict(state["optimizer"])
-        update.scheduler.load_state_dict(state["lr_scheduler"])
-        schedule.load_state_dict(state["schedule"])
-        transitions, updates = state["transitions"], state["updates"]
-        train_time_s = float(state.get("train_time_s", 0.0))
-        set_rng_state(state["rng"])
-        if "replay_buffer" in state:
-            buffer.load_state_dict(state["replay_buffer"])
-        else:
-            refill_needed = tcfg.learning_starts
-        log.info("resumed from %s at %d transitions (%d updates)", resume_from, transitions, updates)
-
-    envs = make_env(
-        env_cfg,
-        n_envs,
-        use_async=tcfg.use_async_envs,
-        autoreset_mode=AutoresetMode.SAME_STEP,
-        render_mode=None,
-    )
     resumed = resume_from is not None
+    counts = restore(resume_from, policy, update, schedule, buffer) if resume_from is not None else Counts()
+    # Resumed without a saved buffer: no updates until it holds `learning_starts` transitions again.
+    refill_needed = tcfg.learning_starts if resumed and len(buffer) == 0 else 0
+
+    collector = Collector(env_cfg, tcfg.n_envs, tcfg.use_async_envs, policy, buffer, schedule, device)
     with (
-        contextlib.closing(envs),
-        TrainingLoop(cfg, run_dir, start=transitions, resumed=resumed, unit="tr", progress=progress) as loop,
+        contextlib.closing(collector),
+        TrainingLoop(
+            cfg, run_dir, start=counts.transitions, resumed=resumed, unit="tr", progress=progress
+        ) as loop,
     ):
         # Seeds derived from the transition count, so a resumed run does not replay the episodes it saw.
-        envs.action_space.seed(cfg.seed + transitions)
-        obs, _ = envs.reset(seed=[cfg.seed + transitions + i for i in range(n_envs)])
-        policy.reset()
-        policy.set_noise_seed(cfg.seed + transitions)
-        episodes = _EpisodeStats(n_envs)
-        sums: dict[str, float] = defaultdict(float)  # per-update outputs summed since the last log
-        window_updates = 0
-        window_start = transitions
-        collect_s = update_s = 0.0
+        collector.start(cfg.seed + counts.transitions)
+        window = _LogWindow(counts.transitions, tcfg.n_envs)
         while loop.running:
             t_collect = time.perf_counter()
-            policy.eval()
-            policy.explore = True
-            for _ in range(tcfg.train_freq):
-                if schedule.random_actions(transitions):
-                    action = envs.action_space.sample()
-                else:
-                    action = policy.select_action(observation_to_batch(obs, device)).numpy()
-                next_obs, reward, terminated, truncated, info = envs.step(action)
-                buffer.add_env_step(
-                    obs, action, reward, next_obs, terminated, truncated, info, AutoresetMode.SAME_STEP,
-                    to_batch=observation_to_batch,
-                )  # fmt: skip
-                done = np.logical_or(terminated, truncated)
-                episodes.step(np.asarray(reward, dtype=np.float64), done)
-                if done.any():
-                    # New episodes start in these slots: no history or warm-started plan from the old ones.
-                    policy.reset(np.flatnonzero(done))
-                obs = next_obs
-                transitions += n_envs
-            policy.explore = False
+            counts.transitions = collector.collect(counts.transitions)
             t_update = time.perf_counter()
-            collect_s += t_update - t_collect
-
-            n_updates = schedule.updates_after_collection(transitions)
+            n_updates = schedule.updates_after_collection(counts.transitions)
             if len(buffer) < refill_needed or buffer.filled_rows < horizon:
                 n_updates = 0
             for _ in range(n_updates):
                 batch = sample_mixed(buffer, demos, policy_cfg.batch_size, horizon, tcfg.offline_ratio)
-                batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-                output = update(batch, where=f"update {updates + 1} ({transitions} transitions)")
+                where = f"update {counts.updates + 1} ({counts.transitions} transitions)"
+                output = update(to_device(batch, device), where=where)
                 policy.update_target()
-                updates += 1
-                window_updates += 1
-                for k, v in output.items():
-                    sums[k] += float(v)
-            update_s += time.perf_counter() - t_update
-            train_time_s += time.perf_counter() - t_collect
-            due = loop.advance(transitions - loop.step)
+                counts.updates += 1
+                window.add_update(output)
+            window.collect_s += t_update - t_collect
+            window.update_s += time.perf_counter() - t_update
+            counts.train_time_s += time.perf_counter() - t_collect
+            due = loop.advance(counts.transitions - loop.step)
 
             if due.log:
-                window = transitions - window_start
-                metrics = {k: v / window_updates for k, v in sums.items()} if window_updates else {}
-                metrics.update(episodes.pop())
-                metrics.update(
-                    lr=update.lr,
-                    updates=updates,
-                    updates_per_transition=window_updates / max(window, 1),
-                    update_s=update_s / max(window_updates, 1),
-                    collect_s=collect_s / max(window / n_envs, 1),
-                    env_steps_per_s=window / max(collect_s + update_s, 1e-9),
-                    buffer_size=len(buffer),
-                    train_time_s=train_time_s,
-                )
-                loop.log(metrics)
-                sums.clear()
-                window_updates = 0
-                window_start = transitions
-                collect_s = update_s = 0.0
+                loop.log(window.pop(counts, collector.episodes.pop(), lr=update.lr, buffer_size=len(buffer)))
             if due.checkpoint:
-                training_state = {
-                    "optimizer": update.optimizer.state_dict(),
-                    "lr_scheduler": update.scheduler.state_dict(),
-                    "schedule": schedule.state_dict(),
-                    "transitions": transitions,
-                    "updates": updates,
-                    "rng": get_rng_state(),
-                    "train_time_s": train_time_s,
-                }
-                if tcfg.save_buffer:
-                    training_state["replay_buffer"] = buffer.state_dict()
-                save_checkpoint(run_dir, transitions, policy, cfg, training_state)
+                state = checkpoint_state(update, schedule, counts, buffer if tcfg.save_buffer else None)
+                save_checkpoint(run_dir, counts.transitions, policy, cfg, state)
             if due.eval:
                 loop.evaluate(policy)
-                # The evaluation envs went through the policy: clear its per-env state and reseed its noise
-                # for the train envs.
-                policy.reset()
-                policy.set_noise_seed(cfg.seed + transitions)
+                # The evaluation envs went through the policy: back to a clean state for the train envs.
+                collector.reset_policy(cfg.seed + counts.transitions)
     return run_dir
