@@ -176,13 +176,14 @@ class Policy(nn.Module, abc.ABC):
         since then.
         """
         n_kept, source = len(state.history), None
-        n_valid = np.minimum(state.step - state.first_step[ids] + 1, n_kept)  # observations since reset
-        if self.n_obs_steps > 1 and n_valid.min() < self.n_obs_steps:
-            # (b, n_obs_steps): the kept observation each slot takes, clamped to the env's first valid one.
-            first = (n_kept - n_valid)[:, None]
-            source = torch.from_numpy(
-                np.maximum(np.arange(self.n_obs_steps) + n_kept - self.n_obs_steps, first)
-            )
+        if self.n_obs_steps > 1:  # with one step, every env's history is its newest observation
+            n_valid = np.minimum(state.step - state.first_step[ids] + 1, n_kept)  # observations since reset
+            if n_valid.min() < self.n_obs_steps:
+                # (b, n_obs_steps): the kept observation each slot takes, clamped to the env's first valid one.
+                first = (n_kept - n_valid)[:, None]
+                source = torch.from_numpy(
+                    np.maximum(np.arange(self.n_obs_steps) + n_kept - self.n_obs_steps, first)
+                )
         rows = None if ids.size == state.batch_size else torch.from_numpy(ids)
         history = {}
         for key in state.history[-1]:
