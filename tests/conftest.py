@@ -33,3 +33,12 @@ def pusht_data_root() -> Path:
     if os.environ.get("CI"):
         pytest.fail(message)
     pytest.skip(message)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _cache_in_tmp(tmp_path_factory):
+    """Tests write only under a temporary directory: conversions and cached measurements included."""
+    patch = pytest.MonkeyPatch()
+    patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
+    yield
+    patch.undo()
