@@ -15,7 +15,8 @@ Exactness rules:
   ends; with `schedule="refill_aligned"` (default) it starts it at the next step where the other slots get
   new action chunks (at most `n_action_steps - 1` idle steps; at once when no other slot is running), so
   one batched chunk prediction keeps serving all slots instead of one per chunk phase (plain refill
-  spreads the slots over every phase, see docs/evaluation.md); `schedule="batch"` waits until every slot is done (fixed batches of `num_envs`).
+  spreads the slots over every phase, see docs/evaluation.md); `schedule="batch"` waits until every slot
+  is done (fixed batches of `num_envs`).
   All give identical per-episode results for a deterministic policy.
 """
 
@@ -309,7 +310,8 @@ def eval_policy(
         while not episodes.done:
             if waiting.size and (episodes.n_active == 0 or policy.steps_until_chunk() == 0):
                 obs, waiting = start(waiting), waiting[:0]
-            # Between chunks a policy that keeps no history reads no observation: skip converting it.
+            # Between chunks a policy that keeps no history reads no observation: skip converting it
+            # (the rule `Policy.select_action` checks for a None batch).
             needs_obs = policy.n_obs_steps > 1 or policy.steps_until_chunk() == 0
             action = policy.select_action(observation_to_batch(obs, device) if needs_obs else None).numpy()
             obs, reward, terminated, truncated, info = _step(env, action, step_timeout_s)

@@ -90,6 +90,8 @@ class Policy(nn.Module, abc.ABC):
         if state.batch_size == 0:  # no env has acted yet: nothing to clear
             return
         ids = np.asarray(env_ids.cpu() if isinstance(env_ids, Tensor) else env_ids, dtype=np.int64)
+        if ids.size == 0:
+            return
         state.first_step[ids] = state.step
         state.chunk_step[ids] = _NO_CHUNK
         state.refill_step = state.step

@@ -90,7 +90,9 @@ def evaluate(cfg: DictConfig, policy: Policy, out_dir: Path, progress: bool = Fa
     )
     env = make_env(env_cfg, n_envs, use_async=use_async, copy=False)
     try:
-        # The policy's registered inference layer (e.g. Diffusion's CPU fast path), if its config enables it.
+        # The policy's registered inference layer (e.g. Diffusion's CPU fast path), if its config enables it,
+        # built from the policy in eval mode.
+        policy.eval()
         with inference_context(policy):
             info = eval_policy(
                 env,

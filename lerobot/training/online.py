@@ -232,24 +232,26 @@ class Collector:
         """Take `train_freq` vector steps, `transitions` having been collected before; return the new total."""
         self.policy.eval()
         self.policy.explore = True
-        for _ in range(self.schedule.train_freq):
-            if self.schedule.random_actions(transitions):
-                action = self.envs.action_space.sample()
-            else:
-                action = self.policy.select_action(observation_to_batch(self.obs, self.device)).numpy()
-            next_obs, reward, terminated, truncated, info = self.envs.step(action)
-            self.buffer.add_env_step(
-                self.obs, action, reward, next_obs, terminated, truncated, info, AutoresetMode.SAME_STEP,
-                to_batch=observation_to_batch,
-            )  # fmt: skip
-            done = np.logical_or(terminated, truncated)
-            self.episodes.step(np.asarray(reward, dtype=np.float64), done)
-            if done.any():
-                # New episodes start in these slots: no history or warm-started plan from the old ones.
-                self.policy.reset(np.flatnonzero(done))
-            self.obs = next_obs
-            transitions += self.n_envs
-        self.policy.explore = False
+        try:
+            for _ in range(self.schedule.train_freq):
+                if self.schedule.random_actions(transitions):
+                    action = self.envs.action_space.sample()
+                else:
+                    action = self.policy.select_action(observation_to_batch(self.obs, self.device)).numpy()
+                next_obs, reward, terminated, truncated, info = self.envs.step(action)
+                self.buffer.add_env_step(
+                    self.obs, action, reward, next_obs, terminated, truncated, info, AutoresetMode.SAME_STEP,
+                    to_batch=observation_to_batch,
+                )  # fmt: skip
+                done = np.logical_or(terminated, truncated)
+                self.episodes.step(np.asarray(reward, dtype=np.float64), done)
+                if done.any():
+                    # New episodes start in these slots: no history or warm-started plan from the old ones.
+                    self.policy.reset(np.flatnonzero(done))
+                self.obs = next_obs
+                transitions += self.n_envs
+        finally:
+            self.policy.explore = False  # evaluation and checkpoints never see exploration on
         return transitions
 
     def close(self) -> None:

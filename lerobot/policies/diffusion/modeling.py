@@ -263,7 +263,9 @@ class DiffusionPolicy(Policy):
         conditioning = denoiser.condition(global_cond, timesteps)
         for i, step in enumerate(timesteps):
             prediction = denoiser.denoise(sample, conditioning, i).float()
-            sample = scheduler.step(prediction, step, sample, generator=generator).prev_sample
+            # The sampler's arithmetic (and the sample it accumulates) stays fp32 under any autocast.
+            with torch.autocast(device_type=device.type, enabled=False):
+                sample = scheduler.step(prediction, step, sample, generator=generator).prev_sample
         return sample
 
     @torch.no_grad()
