@@ -1,10 +1,10 @@
 """Structured configuration: the schema every Hydra config is validated against at start-up.
 
 The dataclasses below (and each policy's configuration dataclass) are the one source of every default:
-`configs/` holds only the choices (`env/*.yaml`, `policy/*.yaml`) and values that differ from a default. A
-composed config is merged into `RootConfig`, so an unknown key or a wrong type fails before any work
-starts, with a message that names the key; the merged result holds every field, resolved, including the
-`policy` section (validated by the chosen policy's own dataclass, see `lerobot.policies.factory`).
+`configs/` holds only the choices (`env/*.yaml`; `policy/*.yaml` optionally, for named variants) and values
+that differ from a default. A composed config is merged into `RootConfig`, so an unknown key or a wrong
+type fails before any work starts, with a message that names the key; the merged result holds every field,
+resolved, including the `policy` section (validated by the chosen policy's own dataclass, see `lerobot.policies.factory`).
 """
 
 from __future__ import annotations

@@ -115,8 +115,8 @@ def make_env(
         autoreset_mode: gymnasium's autoreset mode; `eval_policy` handles all three.
         render_mode: passed to every env so that `render()` works for videos.
         copy: return fresh observation arrays each step. `False` returns the vector env's own buffers
-            (overwritten by the next step), saving one copy of every image per step; safe because
-            `observation_to_batch` never aliases them.
+            (overwritten by the next step), saving one copy of every image per step; safe when each
+            observation is consumed before the next step, as `eval_policy` and `observation_to_batch` do.
     """
     if n_envs < 1:
         raise ConfigError(f"n_envs={n_envs} must be >= 1")

@@ -123,14 +123,9 @@ def make_policy(policy_cfg: PolicyConfig, dataset_stats: dict | None = None) -> 
 
 
 def inference_context(policy: Policy) -> contextlib.AbstractContextManager:
-    """The context manager evaluation runs `policy` in: its registered `inference` layer, else a no-op.
-
-    The registration is found by the policy's `config.name`, else by its class.
-    """
-    entry = _REGISTRY.get(getattr(getattr(policy, "config", None), "name", None))
-    if entry is None:
-        cls_path = f"{type(policy).__module__}:{type(policy).__qualname__}"
-        entry = next((e for e in _REGISTRY.values() if e.policy == cls_path), None)
+    """The context manager evaluation runs `policy` in: the `inference` layer registered under its
+    `config.name`, else a no-op."""
+    entry = _REGISTRY.get(policy.config.name)
     if entry is None or entry.inference is None:
         return contextlib.nullcontext()
     return _import(entry.inference)(policy)
