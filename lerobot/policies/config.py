@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from omegaconf import DictConfig
+
 from lerobot.config import ConfigError, FeatureConfig
 
 OFFLINE = "offline"  # learns from a dataset of demonstrations
@@ -59,3 +61,9 @@ class PolicyConfig:
     def delta_timestamps(self, fps: int) -> dict[str, list[float]] | None:
         """Offsets (seconds) of the dataset frames one training sample needs, per feature; None if none."""
         return None
+
+    @classmethod
+    def upgrade_saved(cls, section: DictConfig) -> DictConfig:
+        """Rewrite, in place, the keys of a `policy` section saved by an older version (a checkpoint's
+        `config.yaml`) into today's; none by default. Returns `section`."""
+        return section

@@ -23,8 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from safetensors.torch import load_file, save_file
 
 from lerobot.config import env_config, validate_config
-from lerobot.policies.diffusion.fast_inference import upgrade_legacy_config
-from lerobot.policies.factory import make_policy, make_policy_config
+from lerobot.policies.factory import available_policies, make_policy, make_policy_config, policy_config_class
 from lerobot.policies.policy import Policy
 
 MODEL_FILE = "model.safetensors"
@@ -108,7 +107,11 @@ def load_config(ckpt_dir: Path) -> DictConfig:
     if not path.exists():
         raise CheckpointError(f"checkpoint {ckpt_dir} is incomplete: {CONFIG_FILE} is missing")
     try:
-        return validate_config(upgrade_legacy_config(OmegaConf.load(path)))
+        cfg = OmegaConf.load(path)
+        name = OmegaConf.select(cfg, "policy.name")
+        if name in available_policies():  # keys an older version saved, in today's places
+            policy_config_class(name).upgrade_saved(cfg.policy)
+        return validate_config(cfg)
     except Exception as e:
         raise CheckpointError(f"{path} is not a valid config: {e}") from None
 

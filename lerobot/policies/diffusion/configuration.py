@@ -16,10 +16,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from omegaconf import DictConfig
+
 from lerobot.config import ConfigError
 from lerobot.constants import ACTION_KIND, ENV_STATE, STATE, VISUAL
 from lerobot.policies.config import OFFLINE, PolicyConfig
-from lerobot.policies.diffusion.fast_inference import FastInferenceConfig
+from lerobot.policies.diffusion.fast_inference import FastInferenceConfig, upgrade_legacy_section
 from lerobot.policies.normalize import MEAN_STD, MIN_MAX, NORMALIZATION_MODES
 
 SCHEDULERS = ("DDPM", "DDIM")
@@ -129,6 +131,11 @@ class DiffusionConfig(PolicyConfig):
         return key, feature.shape[0]
 
     # ------------------------------------------------------------------ validation
+    @classmethod
+    def upgrade_saved(cls, section: DictConfig) -> DictConfig:
+        """Configs saved before `inference` became a section hold flat `inference_*` keys: move them."""
+        return upgrade_legacy_section(section)
+
     def validate(self) -> None:
         """Resolve modality-dependent defaults, then raise `ConfigError` on inconsistent settings."""
         has_images = bool(self.image_features)

@@ -127,21 +127,18 @@ _LEGACY_KEYS = {
 }
 
 
-def upgrade_legacy_config(cfg: DictConfig) -> DictConfig:
-    """Move the flat `policy.inference_*` keys of an older run config (e.g. a checkpoint's `config.yaml`)
-    into the `policy.inference` section, in place; `inference_autocast: true` becomes `dtype: bfloat16`.
-    Returns `cfg`; a config without those keys is left as it is."""
-    policy = cfg.get("policy")
-    if policy is None:
-        return cfg
+def upgrade_legacy_section(policy: DictConfig) -> DictConfig:
+    """Move the flat `inference_*` keys of an older `policy` section (e.g. a checkpoint's `config.yaml`) into
+    its `inference` section, in place; `inference_autocast: true` becomes `dtype: bfloat16`. Returns
+    `policy`; a section without those keys is left as it is."""
     legacy = {key: policy.pop(key) for key in [*_LEGACY_KEYS, "inference_autocast"] if key in policy}
     if not legacy:
-        return cfg
+        return policy
     section = {new: legacy[old] for old, new in _LEGACY_KEYS.items() if old in legacy}
     if legacy.get("inference_autocast"):
         section["dtype"] = "bfloat16"
     policy.inference = {**policy.get("inference", {}), **section}
-    return cfg
+    return policy
 
 
 def _onednn_linear_available(device: torch.device) -> bool:
