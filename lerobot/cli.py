@@ -59,7 +59,9 @@ def compose_config(
 def _store_schemas(dirs: list[Path]) -> None:
     """Give Hydra the dataclasses: `schema` (every root default, which `default.yaml` lists first) and,
     in the `policy` group, one node per registered policy (its dataclass, so `policy=<name>` needs no
-    YAML and `policy.<field>=...` is typed). A `policy/<name>.yaml` in `dirs` takes the name over."""
+    YAML and `policy.<field>=...` is typed). A policy YAML in `dirs` is a named variant (`name:` the
+    registered policy, plus its overrides) and must not take a registered name: Hydra's store is global to
+    the process, so which one won would depend on what was composed before."""
     from hydra.core.config_store import ConfigStore
 
     from lerobot.config import RootConfig
@@ -68,8 +70,13 @@ def _store_schemas(dirs: list[Path]) -> None:
     store = ConfigStore.instance()
     store.store(name="schema", node=RootConfig)
     for name in available_policies():
-        if not any((d / "policy" / f"{name}.yaml").is_file() for d in dirs):
-            store.store(group="policy", name=name, node=policy_config_class(name))
+        for d in dirs:
+            if (d / "policy" / f"{name}.yaml").is_file():
+                raise ConfigError(
+                    f"{d / 'policy' / f'{name}.yaml'} takes the name of the registered policy {name!r}; "
+                    f"name the variant differently (e.g. {name}_small.yaml holding `name: {name}` and its overrides)"
+                )
+        store.store(group="policy", name=name, node=policy_config_class(name))
 
 
 def group_options(group: str, dirs: Sequence[Path] = (CONFIG_DIR,)) -> list[str]:

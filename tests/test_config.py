@@ -7,7 +7,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from lerobot.cli import CONFIG_DIR, compose_config
-from lerobot.config import EnvConfig, EvalConfig, RootConfig, TrainingConfig, env_config
+from lerobot.config import ConfigError, EnvConfig, EvalConfig, RootConfig, TrainingConfig, env_config
 from lerobot.policies.factory import available_policies, make_policy, make_policy_config, policy_config_class
 from lerobot.training.checkpoint import CONFIG_FILE, load_config, save_checkpoint
 
@@ -71,3 +71,15 @@ def test_every_registered_policy_composes_without_a_yaml():
     cfg = compose_config(["policy=tdmpc", "env=pendulum", "policy.num_samples=64"])
     assert cfg.policy.num_samples == 64 and cfg.policy.name == "tdmpc"
     assert all(f.default is not MISSING or f.default_factory is not MISSING for f in fields(RootConfig))
+
+
+def test_policy_variant_yaml_in_a_config_dir(tmp_path):
+    """A policy YAML is a named variant of a registered policy; it cannot shadow the registered name."""
+    (tmp_path / "policy").mkdir()
+    (tmp_path / "policy" / "diffusion_small.yaml").write_text("name: diffusion\ndown_dims: [16, 32]\n")
+    cfg = compose_config(["policy=diffusion_small", "env=pusht_keypoints"], search_path=[tmp_path])
+    assert cfg.policy.name == "diffusion" and list(cfg.policy.down_dims) == [16, 32]
+    assert cfg.policy.horizon == 16  # the rest from the dataclass
+    (tmp_path / "policy" / "diffusion.yaml").write_text("name: diffusion\n")
+    with pytest.raises(ConfigError, match="registered policy 'diffusion'"):
+        compose_config(["policy=diffusion", "env=pusht_keypoints"], search_path=[tmp_path])
