@@ -23,10 +23,8 @@ from lerobot.policies.policy import Policy
 class Fits:
     """The envs a baseline works on, stated by its config and checked at config validation."""
 
-    # Size of the action vector; None: any.
+    # Size of the action vector; None: any. The action must have `low`/`high` bounds (baselines act within).
     action_dim: int | None = None
-    # The env's action feature must have `low`/`high` bounds (the baseline acts within them).
-    bounded_action: bool = True
     # Observation features (batch keys) the env must provide: all of `needs_all`, at least one of `needs_any`.
     needs_all: tuple[str, ...] = ()
     needs_any: tuple[str, ...] = ()
@@ -40,7 +38,7 @@ class Fits:
         problems = []
         if self.action_dim is not None and list(action.shape) != [self.action_dim]:
             problems.append(f"action {key!r} has shape {list(action.shape)}")
-        if self.bounded_action and (action.low is None or action.high is None):
+        if action.low is None or action.high is None:
             problems.append(f"action {key!r} has no low/high bounds")
         missing = [k for k in self.needs_all if k not in inputs]
         if missing:
@@ -64,20 +62,25 @@ def _bounds(cfg: PolicyConfig) -> tuple[Tensor, Tensor]:
 
 
 @dataclass
-class RandomConfig(PolicyConfig):
-    """Uniformly random actions within the env's action bounds."""
+class BaselineConfig(PolicyConfig):
+    """A baseline's config: `validate` also checks the env against the baseline's `fits`."""
 
     fits: ClassVar[Fits] = Fits()
+
+    def validate(self) -> None:
+        """Raise `ConfigError` on inconsistent values or an env the baseline does not fit."""
+        super().validate()
+        self.fits.check(self)
+
+
+@dataclass
+class RandomConfig(BaselineConfig):
+    """Uniformly random actions within the env's action bounds."""
 
     name: str = "random"
     seed: int = 0
     # I.i.d. actions, so a chunk of 8 is the same distribution as 8 single draws, at 1/8 of the calls.
     n_action_steps: int = 8
-
-    def validate(self) -> None:
-        """The env's action must be a bounded vector."""
-        super().validate()
-        self.fits.check(self)
 
 
 class RandomPolicy(Policy):
@@ -119,7 +122,7 @@ class RandomPolicy(Policy):
 
 
 @dataclass
-class ScriptedConfig(PolicyConfig):
+class ScriptedConfig(BaselineConfig):
     """A hand-written PushT pusher: walk to the block and push it through its centre toward the goal."""
 
     fits: ClassVar[Fits] = Fits(
@@ -137,11 +140,6 @@ class ScriptedConfig(PolicyConfig):
     block_rgb: list[float] = field(default_factory=lambda: [119.0, 136.0, 153.0])
     color_tolerance: float = 30.0
     world_size: float = 512.0
-
-    def validate(self) -> None:
-        """The pusher moves a 2-D agent and locates the block from keypoints or from the image."""
-        super().validate()
-        self.fits.check(self)
 
 
 class ScriptedPushPolicy(Policy):
