@@ -123,14 +123,22 @@ def _expected_errors() -> tuple[type[BaseException], ...]:
 
 
 def _run(main, argv: list[str] | None) -> int:
+    from lerobot.training import distributed
+
+    # On N processes (torchrun) the main one reports progress; the others only warnings and errors.
     logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S"
+        level=logging.INFO if distributed.is_main() else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(message)s",
+        datefmt="%H:%M:%S",
     )
     try:
         return main(argv)
     except _expected_errors() as e:
-        print(f"error: {e}", file=sys.stderr)
+        if distributed.is_main():
+            print(f"error: {e}", file=sys.stderr)
         return 2
+    finally:
+        distributed.shutdown()
 
 
 # ----------------------------------------------------------------------------------------------- train
@@ -220,33 +228,37 @@ def _eval(argv: list[str] | None) -> int:
     args = parser.parse_intermixed_args(argv)
 
     from lerobot.policies.factory import make_policy, make_policy_config
+    from lerobot.training import distributed
     from lerobot.training.checkpoint import load_config, load_policy, resolve_checkpoint_dir
     from lerobot.training.common import evaluate, resolve_device, set_seed
 
+    # Under torchrun every process evaluates its share of the episodes (see `evaluate`).
     if args.checkpoint is not None:
         ckpt = resolve_checkpoint_dir(args.checkpoint)
         cfg = checkpoint_config(ckpt, args.overrides, search_path=args.config_dir)
         _check_features(load_config(ckpt), cfg)
-        device = resolve_device(cfg.device)
+        device = distributed.init(resolve_device(cfg.device))
         policy, _ = load_policy(ckpt, device=device, cfg=cfg)
     else:
         cfg = compose_config(args.overrides, search_path=args.config_dir)
         policy_cfg = make_policy_config(cfg.policy, env_config(cfg))
         if policy_cfg.training_mode != "none":
             raise ConfigError(f"policy {policy_cfg.name!r} needs trained weights: pass --checkpoint DIR")
-        device = resolve_device(cfg.device)
+        device = distributed.init(resolve_device(cfg.device))
         policy = make_policy(policy_cfg).to(device)
     set_seed(cfg.seed)
     env_cfg = env_config(cfg)
     out_dir = args.output_dir
     if out_dir is None:
-        now = dt.datetime.now()
+        now = distributed.on_main(dt.datetime.now)  # one name for all processes
         out_dir = (
             Path("outputs/eval")
             / now.strftime("%Y-%m-%d")
             / f"{now:%H-%M-%S}_{env_cfg.name}_{cfg.policy.name}"
         )
     info = evaluate(cfg, policy, Path(out_dir), progress=True)
+    if not distributed.is_main():
+        return 0
     print(json.dumps(info["aggregated"], indent=2))
     print(f"wrote {Path(out_dir) / 'eval_info.json'} and {len(info['video_paths'])} video(s)")
     return 0

@@ -347,18 +347,32 @@ def eval_policy(
         bar.close()
     video_paths = videos.close()
     eval_s = time.perf_counter() - start_time
-    total_steps = vector_step * num_envs
-    aggregated = {
-        "avg_sum_reward": float(np.mean(episodes.sum_reward)),
-        "avg_max_reward": float(np.mean(episodes.max_reward)),
-        "pc_success": float(100.0 * np.mean(episodes.success)),
+    per_episode = episodes.per_episode()
+    aggregated = aggregate_episodes(per_episode, eval_s, busy_steps, slot_steps=vector_step * num_envs)
+    return {"per_episode": per_episode, "aggregated": aggregated, "video_paths": video_paths}
+
+
+def aggregate_episodes(
+    per_episode: list[dict[str, Any]], eval_s: float, busy_steps: int, slot_steps: int
+) -> dict[str, float]:
+    """The `aggregated` figures of `eval_policy` from its per-episode rows and its timing.
+
+    Args:
+        per_episode: rows as `eval_policy` returns them (`sum_reward`, `max_reward`, `success`).
+        eval_s: wall-clock seconds the episodes took.
+        busy_steps: env steps that belonged to an evaluated episode.
+        slot_steps: env steps taken in all, idle slots included.
+    """
+    return {
+        "avg_sum_reward": float(np.mean([e["sum_reward"] for e in per_episode])),
+        "avg_max_reward": float(np.mean([e["max_reward"] for e in per_episode])),
+        "pc_success": float(100.0 * np.mean([e["success"] for e in per_episode])),
         "eval_s": eval_s,
-        "eval_ep_s": eval_s / n_episodes,
+        "eval_ep_s": eval_s / len(per_episode),
         "env_steps": int(busy_steps),
         "env_steps_per_s": busy_steps / eval_s if eval_s > 0 else math.nan,
-        "slot_utilization": busy_steps / total_steps if total_steps else math.nan,
+        "slot_utilization": busy_steps / slot_steps if slot_steps else math.nan,
     }
-    return {"per_episode": episodes.per_episode(), "aggregated": aggregated, "video_paths": video_paths}
 
 
 def _mask(num_envs: int, slots: np.ndarray) -> np.ndarray:

@@ -121,6 +121,8 @@ class StepBatchSampler(Sampler[list[int]]):
         num_steps: how many steps to yield, crossing epochs as needed; None: until the end of the epoch that
             contains `start_step` (from step 0 that is one ordinary epoch).
         infinite: yield forever (ignores `num_steps`); `len()` is then undefined.
+        shard: `(index, count)`: yield only shard `index` of `count` equal, contiguous slices of each batch
+            (data-parallel training: `batch_size` is the global batch, each process loads its slice).
     """
 
     def __init__(
@@ -133,6 +135,7 @@ class StepBatchSampler(Sampler[list[int]]):
         start_step: int = 0,
         num_steps: int | None = None,
         infinite: bool = False,
+        shard: tuple[int, int] = (0, 1),
     ):
         if batch_size < 1:
             raise ValueError(f"batch_size={batch_size} must be >= 1")
@@ -148,6 +151,11 @@ class StepBatchSampler(Sampler[list[int]]):
             num_steps = (start_step // self.steps_per_epoch + 1) * self.steps_per_epoch - start_step
         self.num_steps = num_steps
         self.infinite = infinite
+        index, count = shard
+        if batch_size % count or not 0 <= index < count:
+            raise ValueError(f"shard {index} of {count} does not split batch_size={batch_size} evenly")
+        self.shard_size = batch_size // count
+        self.shard_start = index * self.shard_size
         self._epoch, self._order = -1, np.arange(num_samples)
 
     def order(self, epoch: int) -> np.ndarray:
@@ -159,9 +167,10 @@ class StepBatchSampler(Sampler[list[int]]):
         return self._order
 
     def batch(self, step: int) -> list[int]:
-        """Item indices of global step `step`."""
+        """Item indices of global step `step` (this shard's slice of them)."""
         epoch, slot = divmod(step, self.steps_per_epoch)
-        return self.order(epoch)[slot * self.batch_size : (slot + 1) * self.batch_size].tolist()
+        start = slot * self.batch_size + self.shard_start
+        return self.order(epoch)[start : start + self.shard_size].tolist()
 
     def __iter__(self) -> Iterator[list[int]]:
         step = self.start_step
@@ -186,6 +195,7 @@ def make_dataloader(
     start_step: int = 0,
     num_steps: int | None = None,
     infinite: bool = False,
+    shard: tuple[int, int] = (0, 1),
 ) -> DataLoader:
     """A DataLoader whose batches are fixed by `(seed, step)` (see `StepBatchSampler` and the module doc).
 
@@ -196,6 +206,7 @@ def make_dataloader(
         start_step: first global step to produce (resume at step k: `start_step=k`).
         num_steps: number of batches to produce (may span epochs); None: to the end of the current epoch.
         infinite: produce batches forever (then `len()` is undefined); see `cycle_batches`.
+        shard: `(index, count)`: load only that slice of each batch of `batch_size` (see `StepBatchSampler`).
 
     Returns:
         A DataLoader yielding dicts of batched tensors (B, ...), `len()` = number of batches.
@@ -209,6 +220,7 @@ def make_dataloader(
         start_step=start_step,
         num_steps=num_steps,
         infinite=infinite,
+        shard=shard,
     )
     return DataLoader(
         dataset,
@@ -229,11 +241,13 @@ def cycle_batches(
     pin_memory: bool = False,
     shuffle: bool = True,
     drop_last: bool = True,
+    shard: tuple[int, int] = (0, 1),
 ) -> Iterator[dict[str, Any]]:
     """Endless iterator over training batches; its n-th batch is global step `start_step + n`.
 
     Resuming at step k with the same seed yields exactly what an uninterrupted run yields from step k.
-    Workers (if any) start at the first `next()` and live as long as the iterator.
+    Workers (if any) start at the first `next()` and live as long as the iterator. With `shard=(i, n)` the
+    batches are slice i of n of those global batches (see `StepBatchSampler`).
     """
     loader = make_dataloader(
         dataset,
@@ -245,5 +259,6 @@ def cycle_batches(
         pin_memory=pin_memory,
         start_step=start_step,
         infinite=True,
+        shard=shard,
     )
     return iter(loader)

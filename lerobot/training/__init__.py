@@ -9,6 +9,7 @@ from omegaconf import DictConfig
 from lerobot.config import ConfigError, env_config
 from lerobot.policies.config import OFFLINE, ONLINE
 from lerobot.policies.factory import make_policy_config
+from lerobot.training import distributed
 
 
 def train(cfg: DictConfig) -> Path:
@@ -19,6 +20,11 @@ def train(cfg: DictConfig) -> Path:
 
         return train_offline(cfg)
     if policy_cfg.training_mode == ONLINE:
+        if distributed.world_size() > 1:
+            raise ConfigError(
+                f"policy {policy_cfg.name!r} learns online and trains on one process only, but "
+                f"{distributed.world_size()} were launched; run it without torchrun (or with --nproc_per_node 1)"
+            )
         from lerobot.training.online import train_online
 
         return train_online(cfg)

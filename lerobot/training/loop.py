@@ -31,8 +31,10 @@ from omegaconf import DictConfig
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from lerobot.policies.batch_shard import sharded_batch
 from lerobot.policies.config import PolicyConfig
 from lerobot.policies.policy import Policy
+from lerobot.training import distributed
 from lerobot.training.checkpoint import get_rng_state, set_rng_state
 from lerobot.training.common import TrainingDivergedError, evaluate
 from lerobot.training.logger import MetricsLogger
@@ -69,12 +71,17 @@ class TrainStep:
     The loss is computed under bf16 autocast when `training.use_amp` is set; a loss that is not finite stops
     training; gradients are clipped to `training.grad_clip_norm`; the EMA of the weights (when the policy
     config sets `use_ema`) steps after the optimizer.
+
+    On N processes (`distributed`) the batch is this process's shard of the global batch: the forward pass
+    runs through DDP under `batch_shard`, gradients are averaged over the processes, and the returned loss
+    is the global batch's; every process makes the same update.
     """
 
     def __init__(
         self, policy: Policy, policy_cfg: PolicyConfig, training_cfg: DictConfig, total_updates: int
     ):
         self.policy = policy
+        self.model = distributed.wrap(policy)
         self.optimizer, self.scheduler = build_optimizer(policy, policy_cfg, total_updates)
         self.ema = None
         if policy_cfg.use_ema:
@@ -96,12 +103,16 @@ class TrainStep:
         """
         self.policy.train()
         device_type = next(self.policy.parameters()).device.type
-        with torch.autocast(device_type, dtype=torch.bfloat16, enabled=self.use_amp):
-            output = self.policy.forward(batch)
+        with (
+            torch.autocast(device_type, dtype=torch.bfloat16, enabled=self.use_amp),
+            sharded_batch(distributed.batch_shard()),
+        ):
+            output = self.model(batch)
         loss = output["loss"]
-        if not torch.isfinite(loss):
+        global_loss = distributed.mean(loss.detach())  # the same on every process: all stop together
+        if not torch.isfinite(global_loss):
             raise TrainingDivergedError(
-                f"loss is {loss.item()} at {where}; stopping. The run's last good checkpoint (if one was "
+                f"loss is {global_loss.item()} at {where}; stopping. The run's last good checkpoint (if one was "
                 "saved) is checkpoints/last; lower the learning rate or training.grad_clip_norm"
             )
         self.optimizer.zero_grad(set_to_none=True)
@@ -111,7 +122,7 @@ class TrainStep:
         self.scheduler.step()
         if self.ema is not None:
             self.ema.step(self.policy.parameters())
-        return {**{k: v.detach() for k, v in output.items()}, "grad_norm": grad_norm}
+        return {**{k: v.detach() for k, v in output.items()}, "loss": global_loss, "grad_norm": grad_norm}
 
     @property
     def lr(self) -> float:
@@ -155,7 +166,8 @@ class Due:
 class TrainingLoop:
     """Progress of a training run from `start` to `training.steps`, its progress bar and its metrics log.
 
-    A context manager: leaving it closes the progress bar and the logger (final curves, wandb).
+    A context manager: leaving it closes the progress bar and the logger (final curves, wandb). On N
+    processes only the main one has a logger and a progress bar; every process keeps the count.
     """
 
     def __init__(
@@ -166,9 +178,15 @@ class TrainingLoop:
         self.step = start
         self.total = cfg.training.steps
         # A resumed run drops what the interrupted one logged after its checkpoint.
-        self.logger = MetricsLogger(run_dir, cfg, resume_step=start if resumed else None)
+        main = distributed.is_main()
+        self.logger = MetricsLogger(run_dir, cfg, resume_step=start if resumed else None) if main else None
         self._bar = tqdm(
-            total=self.total, initial=start, unit=unit, desc="train", disable=not progress, dynamic_ncols=True
+            total=self.total,
+            initial=start,
+            unit=unit,
+            desc="train",
+            disable=not (progress and main),
+            dynamic_ncols=True,
         )
 
     def __enter__(self) -> TrainingLoop:
@@ -176,7 +194,8 @@ class TrainingLoop:
 
     def __exit__(self, *exc: object) -> None:
         self._bar.close()
-        self.logger.close()
+        if self.logger is not None:
+            self.logger.close()
 
     @property
     def running(self) -> bool:
@@ -195,7 +214,9 @@ class TrainingLoop:
         )
 
     def log(self, metrics: dict[str, float]) -> None:
-        """Record training metrics at the current step and show the loss on the progress bar."""
+        """Record training metrics at the current step and show the loss on the progress bar (main process)."""
+        if self.logger is None:
+            return
         self.logger.log(self.step, metrics)
         shown = {k: f"{metrics[k]:.4g}" for k in ("loss", "episode_return") if k in metrics}
         if shown:
@@ -205,7 +226,8 @@ class TrainingLoop:
         """Evaluate `policy` now, into `run_dir/eval/step_<step>/`, and log the aggregated results.
 
         Random states are saved and restored around the rollouts so that evaluating does not change the
-        training trajectory (a resumed run stays identical to an uninterrupted one).
+        training trajectory (a resumed run stays identical to an uninterrupted one). On N processes every
+        process runs its share of the episodes; the main one writes and logs the merged results.
         """
         rng = get_rng_state()
         was_training = policy.training
@@ -214,6 +236,8 @@ class TrainingLoop:
         finally:
             policy.train(was_training)
             set_rng_state(rng)
+        if self.logger is None:
+            return info
         agg = info["aggregated"]
         log.info(
             "eval at step %d: pc_success=%.1f avg_max_reward=%.3f avg_sum_reward=%.2f",

@@ -3,6 +3,10 @@
 `training.steps` counts gradient steps. Resume is exact on CPU: the checkpoint holds raw weights, optimizer,
 LR scheduler, EMA, RNG states and the step, and the data iterator restarts at that step with the same
 order, so the loss trajectory after a resume equals the uninterrupted run's.
+
+On N processes (`torchrun`, see `distributed`) the same loop trains one model: `training.batch_size` is
+the global batch, each process loads and computes its slice, and the losses, weights and checkpoints are
+those of the one-process run (to float rounding), so a run saved on N processes resumes on any M.
 """
 
 from __future__ import annotations
@@ -16,11 +20,12 @@ import torch
 from omegaconf import DictConfig
 
 from lerobot.config import ConfigError, env_config
-from lerobot.datasets import EpisodeDataset, cycle_batches, make_dataset
+from lerobot.datasets import EpisodeDataset, cycle_batches, import_dataset, make_dataset
 from lerobot.policies.config import PolicyConfig
 from lerobot.policies.factory import make_policy, make_policy_config
 from lerobot.policies.online_policy import OnlinePolicy
 from lerobot.policies.policy import Policy
+from lerobot.training import distributed
 from lerobot.training.checkpoint import get_rng_state, load_training_state, save_checkpoint, set_rng_state
 from lerobot.training.common import resolve_device, set_seed, setup_run
 from lerobot.training.loop import TrainingLoop, TrainStep, to_device
@@ -107,12 +112,17 @@ def restore(ckpt_dir: Path, policy: Policy, update: TrainStep) -> tuple[int, dic
 
 def train_offline(cfg: DictConfig, progress: bool = True) -> Path:
     """Train a policy on the demonstrations per `cfg`; return the run directory."""
-    run_dir, resume_from = setup_run(cfg)
-    device = resolve_device(cfg.device)
-    set_seed(cfg.seed)
     env_cfg = env_config(cfg)
     policy_cfg = make_policy_config(cfg.policy, env_cfg)
-    batch_size = cfg.training.batch_size or policy_cfg.batch_size
+    batch_size = cfg.training.batch_size or policy_cfg.batch_size  # the global batch
+    distributed.shard_size(batch_size)  # fails before any process waits for another
+    device = distributed.init(resolve_device(cfg.device))
+    # The main process names and creates the run directory (and converts the data once); the others use it.
+    run_dir, resume_from = distributed.on_main(lambda: setup_run(cfg))
+    cfg.output_dir = str(run_dir)
+    distributed.on_main(lambda: import_dataset(cfg.dataset))
+    # Every process draws the same random numbers: each takes its slice of the global batch's draws.
+    set_seed(cfg.seed)
     dataset = make_dataset(cfg.dataset, env_cfg, policy_cfg.delta_timestamps(env_cfg.fps), split="train")
     policy = make_offline_policy(policy_cfg, dataset, device)
     update = TrainStep(policy, policy_cfg, cfg.training, total_updates=cfg.training.steps)
@@ -128,6 +138,7 @@ def train_offline(cfg: DictConfig, progress: bool = True) -> Path:
         start_step=step,
         num_workers=cfg.training.num_workers,
         pin_memory=device.type == "cuda",
+        shard=(distributed.rank(), distributed.world_size()),
     )
     if rng is not None:
         set_rng_state(rng)
@@ -149,9 +160,10 @@ def train_offline(cfg: DictConfig, progress: bool = True) -> Path:
             if due.log:
                 scalars = {k: v.item() for k, v in output.items() if v.numel() == 1}
                 loop.log({**scalars, "lr": update.lr, **window.pop()})
-            if due.checkpoint:
+            if due.checkpoint and distributed.is_main():
                 save(run_dir, loop.step, policy, update, cfg)
             if due.eval:
                 with update.averaged_weights():
                     loop.evaluate(policy)
+    distributed.barrier()  # the main process has written everything before any process leaves
     return run_dir

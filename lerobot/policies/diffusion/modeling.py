@@ -34,6 +34,7 @@ from diffusers import DDIMScheduler, DDPMScheduler
 from torch import Tensor, nn
 
 from lerobot.constants import ACTION_IS_PAD
+from lerobot.policies.batch_shard import current_shard
 from lerobot.policies.diffusion.configuration import DiffusionConfig
 from lerobot.policies.diffusion.unet import ConditionalUnet1D
 from lerobot.policies.diffusion.vision import RgbEncoder
@@ -197,7 +198,8 @@ class DiffusionPolicy(Policy):
         Returns:
             `{"loss": scalar}`: MSE between the U-Net's prediction and its target (the noise for epsilon
             prediction, the clean actions for sample prediction), averaged over real (unpadded) actions when
-            `do_mask_loss_for_padding`.
+            `do_mask_loss_for_padding`. Under a sharded update (`batch_shard`) the batch is one shard of the
+            global batch and the mean of the shards' losses is the global batch's loss.
         """
         self._check_obs(batch)
         actions = batch[self.action_key]
@@ -212,9 +214,17 @@ class DiffusionPolicy(Policy):
             actions = edge_pad_actions(actions, is_pad)
 
         global_cond = self.global_conditioning(batch)
-        noise = torch.randn_like(actions)
-        steps = torch.randint(
-            0, self.config.num_train_timesteps, (actions.shape[0],), device=actions.device, dtype=torch.long
+        # Noise and timesteps are drawn for the global batch and sliced (see `batch_shard`): on N
+        # processes every sample gets what it gets on one.
+        shard, local = current_shard(), actions.shape[0]
+        noise = shard.rows(
+            lambda n: torch.randn((n, *actions.shape[1:]), device=actions.device, dtype=actions.dtype), local
+        )
+        steps = shard.rows(
+            lambda n: torch.randint(
+                0, self.config.num_train_timesteps, (n,), device=actions.device, dtype=torch.long
+            ),
+            local,
         )
         noisy = self.noise_scheduler.add_noise(actions, noise, steps)
         prediction = self.unet(noisy, steps, global_cond)
@@ -223,7 +233,10 @@ class DiffusionPolicy(Policy):
 
         if self.config.do_mask_loss_for_padding and is_pad is not None:
             real = einops.rearrange(~is_pad, "b t -> b t 1").to(error.dtype)
-            loss = (error * real).sum() / (real.sum() * error.shape[-1]).clamp_min(1.0)
+            # Divided by the real actions of the global batch (per shard, scaled so that the mean of the
+            # shards' losses is the global batch's loss).
+            real_actions = shard.total(real.sum()) * error.shape[-1]
+            loss = (error * real).sum() / (real_actions.clamp_min(1.0) / shard.count)
         else:
             loss = error.mean()
         return {"loss": loss}

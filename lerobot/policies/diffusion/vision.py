@@ -14,6 +14,8 @@ import torch
 import torchvision
 from torch import Tensor, nn
 
+from lerobot.policies.batch_shard import WHOLE_BATCH, BatchShard, current_shard
+
 if TYPE_CHECKING:
     from lerobot.policies.diffusion.configuration import DiffusionConfig
 
@@ -135,12 +137,23 @@ def use_autocast_friendly_convs(module: nn.Module) -> nn.Module:
     return module
 
 
-def random_crop(images: Tensor, size: tuple[int, int], generator: torch.Generator | None = None) -> Tensor:
-    """Crop every image of `images` (N, C, H, W) at its own random offset to `(N, C, h, w)`."""
+def random_crop(
+    images: Tensor,
+    size: tuple[int, int],
+    generator: torch.Generator | None = None,
+    shard: BatchShard | None = None,
+) -> Tensor:
+    """Crop every image of `images` (N, C, H, W) at its own random offset to `(N, C, h, w)`.
+
+    With `shard`, the images are that shard of the global batch's images (in sample order) and the offsets
+    are its rows of the offsets drawn for all of them (see `batch_shard`).
+    """
     n, _, height, width = images.shape
     h, w = size
-    top = torch.randint(0, height - h + 1, (n,), generator=generator).to(images.device)
-    left = torch.randint(0, width - w + 1, (n,), generator=generator).to(images.device)
+    shard = shard or WHOLE_BATCH
+    top = shard.rows(lambda k: torch.randint(0, height - h + 1, (k,), generator=generator), n)
+    left = shard.rows(lambda k: torch.randint(0, width - w + 1, (k,), generator=generator), n)
+    top, left = top.to(images.device), left.to(images.device)
     rows = top[:, None] + torch.arange(h, device=images.device)  # (N, h)
     cols = left[:, None] + torch.arange(w, device=images.device)  # (N, w)
     samples = torch.arange(n, device=images.device)
@@ -194,7 +207,7 @@ class RgbEncoder(nn.Module):
         """`images` (N, C, H, W) -> `(N, feature_dim)`."""
         if self.crop_shape is not None and images.shape[-2:] != self.crop_shape:
             if self.training and self.crop_is_random:
-                images = random_crop(images, self.crop_shape)
+                images = random_crop(images, self.crop_shape, shard=current_shard())
             else:
                 images = center_crop(images, self.crop_shape)
         keypoints = self.pool(self.backbone(images))  # (N, K, 2)

@@ -1,0 +1,189 @@
+"""Data-parallel training and sharded evaluation on N processes, on torch.distributed.
+
+Launch with `torchrun --nproc_per_node N scripts/train.py ...` (or `accelerate launch`, or `srun` with
+torchrun on each node): the launcher sets `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR` and
+`MASTER_PORT`, and `init` joins the process group (`env://`; NCCL on GPUs, gloo on CPU). Without a launcher
+every function here is the one-process case and costs nothing.
+
+What makes N processes train exactly as one (docs/distributed.md):
+- `training.batch_size` is the global batch; each process loads its contiguous slice (`shard_size`,
+  `StepBatchSampler(shard=...)`), so the samples of a step are the same on any N.
+- Each update runs under `batch_shard()`: per-sample random draws (noise, timesteps, crops) are made for the
+  global batch on every process from the same seeded stream and sliced (`lerobot.policies.batch_shard`).
+- Gradients are averaged by DDP (`wrap`); with equal shards the mean of the per-process mean losses is the
+  global mean loss, so every process applies the one-process update and holds the same weights.
+Writing (checkpoints, metrics, plots, videos, wandb) happens on the main process only (`is_main`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from lerobot.config import ConfigError
+from lerobot.policies.batch_shard import BatchShard
+
+T = TypeVar("T")
+
+# Whether this module created the process group (and so destroys it in `shutdown`); a caller that set up
+# its own group keeps it.
+_owned = False
+
+
+def world_size() -> int:
+    """Number of processes of the run: the process group's size, else what the launcher set (1 without)."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def rank() -> int:
+    """This process's index in the run (0 without a launcher)."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    return int(os.environ.get("RANK", "0"))
+
+
+def is_main() -> bool:
+    """Whether this process writes the run's files (rank 0)."""
+    return rank() == 0
+
+
+def active() -> bool:
+    """Whether a process group with more than one process is running."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def init(device: torch.device) -> torch.device:
+    """Join the process group the launcher described (no-op on one process); return this process's device.
+
+    NCCL for CUDA devices (each process takes GPU `LOCAL_RANK`), gloo for the CPU.
+    """
+    global _owned
+    if world_size() <= 1:
+        return device
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo", init_method="env://")
+        _owned = True
+    return device
+
+
+def shutdown() -> None:
+    """Leave the process group if `init` created it."""
+    global _owned
+    if _owned and dist.is_initialized():
+        dist.destroy_process_group()
+    _owned = False
+
+
+def shard_size(global_batch: int) -> int:
+    """Samples per process of a global batch; a `ConfigError` when the processes cannot share it evenly."""
+    n = world_size()
+    if global_batch % n:
+        raise ConfigError(
+            f"training.batch_size={global_batch} is the global batch and must be divisible by the {n} "
+            f"processes; pick a multiple of {n}"
+        )
+    return global_batch // n
+
+
+def _sum_over_processes(x: Tensor) -> Tensor:
+    total = x.detach().clone()
+    dist.all_reduce(total, op=dist.ReduceOp.SUM)
+    return total
+
+
+def batch_shard() -> BatchShard:
+    """This process's shard of the global batch, for `lerobot.policies.batch_shard.sharded_batch`."""
+    if not active():
+        return BatchShard()
+    return BatchShard(index=rank(), count=world_size(), total=_sum_over_processes)
+
+
+def wrap(policy: nn.Module) -> nn.Module:
+    """The module to run the training forward pass through: DDP around `policy` on N processes (gradients
+    averaged during backward), `policy` itself on one."""
+    if not active():
+        return policy
+    device = next(policy.parameters()).device
+    return nn.parallel.DistributedDataParallel(
+        policy,
+        device_ids=[device] if device.type == "cuda" else None,
+        # Buffers (normalization statistics) never change during training and are equal everywhere.
+        broadcast_buffers=False,
+    )
+
+
+def mean(x: Tensor) -> Tensor:
+    """`x` averaged over all processes (a new tensor; `x` itself on one process)."""
+    if not active():
+        return x
+    return _sum_over_processes(x) / world_size()
+
+
+def any_process(flag: bool) -> bool:
+    """Whether `flag` is set on any process; every process gets the same answer (e.g. a stop request that
+    reached one of them, so that all stop at the same step)."""
+    if not active():
+        return flag
+    value = torch.tensor([int(flag)], device=_collective_device())
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
+
+
+def on_main(fn: Callable[[], T]) -> T:
+    """Run `fn` on the main process only and give its result (or raise its exception) on every process.
+
+    For work with side effects that must happen once, such as creating the run directory.
+    """
+    if not active():
+        return fn()
+    box: list[Any] = [None]
+    if is_main():
+        try:
+            box[0] = (True, fn())
+        except Exception as e:  # re-raised below, on every process
+            box[0] = (False, e)
+    dist.broadcast_object_list(box, src=0)
+    ok, value = box[0]
+    if not ok:
+        raise value
+    return value
+
+
+def gather(obj: T) -> list[T]:
+    """Every process's `obj`, in rank order, on every process."""
+    if not active():
+        return [obj]
+    out: list[Any] = [None] * world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def share(n: int) -> tuple[int, int]:
+    """This process's contiguous share `[start, stop)` of `n` items (e.g. evaluation episodes); the first
+    `n % N` processes take one more."""
+    size, r = world_size(), rank()
+    base, extra = divmod(n, size)
+    start = r * base + min(r, extra)
+    return start, start + base + (r < extra)
+
+
+def barrier() -> None:
+    """Wait until every process reaches this point."""
+    if active():
+        dist.barrier()
+
+
+def _collective_device() -> torch.device:
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
