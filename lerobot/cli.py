@@ -152,10 +152,11 @@ def _train(argv: list[str] | None) -> int:
     )
     args = parser.parse_intermixed_args(argv)
     cfg = compose_config(args.overrides, search_path=args.config_dir)
-    from lerobot.training import train
+    from lerobot.training import distributed, train
 
     run_dir = train(cfg)
-    print(f"run directory: {run_dir}")
+    if distributed.is_main():
+        print(f"run directory: {run_dir}")
     return 0
 
 

@@ -117,8 +117,9 @@ def wrap(policy: nn.Module) -> nn.Module:
     return nn.parallel.DistributedDataParallel(
         policy,
         device_ids=[device] if device.type == "cuda" else None,
-        # Buffers (normalization statistics) never change during training and are equal everywhere.
-        broadcast_buffers=False,
+        # Buffers (normalization statistics) never change during training and are equal everywhere: no
+        # broadcast before every forward pass.
+        forward_sync_buffers=False,
     )
 
 

@@ -1,0 +1,220 @@
+"""Data-parallel training and sharded evaluation on 2 CPU processes (gloo) against the 1-process run.
+
+One module fixture runs everything: the 1-process runs here, the 2-process runs in two spawned processes
+that join one gloo group (as `torchrun` would set them up) and check after every update that both hold the
+same weights and EMA weights. The tests then compare losses, weights, files and evaluation results.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from safetensors.torch import load_file
+from test_dataset import ZARR, write_fake_zarr
+from test_train import TINY, TINY_IMAGE, metrics
+
+from lerobot.cli import eval_main, train_main
+from lerobot.datasets import StepBatchSampler
+from lerobot.policies.batch_shard import BatchShard
+from lerobot.policies.diffusion.vision import random_crop
+from lerobot.training.loop import TrainStep
+
+WORLD = 2
+# The keypoints model, as in test_train, with a global batch both processes share.
+KEYPOINTS = [*TINY, "env=pusht_keypoints", "training.batch_size=8", "eval.freq=0"]
+# The image model with an in-training evaluation at its last step (1 episode per process).
+IMAGES = [*TINY, *TINY_IMAGE, "training.steps=3", "training.save_freq=3", "eval.freq=3"]
+EVAL = [
+    "policy=scripted",
+    "env=pusht_keypoints",
+    "env.max_episode_steps=20",
+    "eval.n_episodes=5",
+    "eval.batch_size=2",
+    "eval.use_async_envs=false",
+    "eval.max_episodes_rendered=1",
+]
+LOSS_RTOL = 1e-5
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _spread(update: TrainStep) -> float:
+    """Largest difference between this process's weights (and EMA weights) and the main process's."""
+    tensors = list(update.policy.parameters())
+    if update.ema is not None:
+        tensors += list(update.ema.shadow_params)
+    flat = torch.cat([t.detach().flatten() for t in tensors])
+    copies = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
+    dist.all_gather(copies, flat)
+    return max((c - copies[0]).abs().max().item() for c in copies)
+
+
+def _worker(rank: int, port: int, jobs: list[tuple[str, list[str]]], out: str) -> None:
+    """One of the 2 processes: join the group as torchrun would set it up, run `jobs` (train or eval
+    argument lists), record exit codes and the weight spread after every update."""
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(WORLD),
+        LOCAL_RANK=str(rank),
+    )
+    torch.set_num_threads(1)
+    import datetime as dt
+
+    dist.init_process_group("gloo", init_method="env://", timeout=dt.timedelta(seconds=120))
+    spreads: list[float] = []
+    real_call = TrainStep.__call__
+
+    def checked(self, batch, where):
+        output = real_call(self, batch, where)
+        spreads.append(_spread(self))
+        return output
+
+    TrainStep.__call__ = checked
+    codes = [(train_main if kind == "train" else eval_main)(args) for kind, args in jobs]
+    Path(out, f"rank{rank}.json").write_text(json.dumps({"codes": codes, "spreads": spreads}))
+    dist.destroy_process_group()
+
+
+def _point_last_at(run: Path, step: int) -> None:
+    """Make `run` look like a run that stopped right after its checkpoint of `step`."""
+    ckpts = run / "checkpoints"
+    for path in ckpts.iterdir():
+        if path.name not in (f"{step:09d}", "last"):
+            shutil.rmtree(path)
+    (ckpts / "last").unlink()
+    (ckpts / "last").symlink_to(f"{step:09d}")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Path:
+    base = tmp_path_factory.mktemp("ddp")
+    write_fake_zarr(base / "root" / ZARR, lengths=[20, 25, 18, 30])
+    data = [f"dataset.root={base / 'root'}", f"dataset.cache_dir={base / 'cache'}"]
+    kp = [*KEYPOINTS, *data, "training.steps=6", "training.save_freq=3"]
+
+    # 1 process.
+    assert train_main([*kp, f"output_dir={base / 'kp1'}"]) == 0
+    assert train_main([*IMAGES, *data, f"output_dir={base / 'img1'}"]) == 0
+    assert eval_main([*EVAL, "--output-dir", str(base / "eval1")]) == 0
+    shutil.copytree(base / "kp1", base / "kp1to2", symlinks=True)
+    _point_last_at(base / "kp1to2", 3)
+
+    # 2 processes: the same runs, the resume of the 1-process run, a sharded evaluation.
+    jobs = [
+        ("train", [*kp, f"output_dir={base / 'kp2'}"]),
+        ("train", [*IMAGES, *data, f"output_dir={base / 'img2'}"]),
+        ("train", [*kp, f"output_dir={base / 'kp1to2'}", "training.resume=true"]),
+        ("eval", [*EVAL, "--output-dir", str(base / "eval2")]),
+    ]
+    mp.start_processes(_worker, args=(_free_port(), jobs, str(base)), nprocs=WORLD, start_method="spawn")
+
+    # Back on 1 process: resume the 2-process run from its step-3 checkpoint.
+    shutil.copytree(base / "kp2", base / "kp2to1", symlinks=True)
+    _point_last_at(base / "kp2to1", 3)
+    assert train_main([*kp, f"output_dir={base / 'kp2to1'}", "training.resume=true"]) == 0
+    return base
+
+
+def _losses(run: Path) -> list[float]:
+    return [r["loss"] for r in metrics(run)]
+
+
+def _max_rel(a: list[float], b: list[float]) -> float:
+    assert len(a) == len(b)
+    return max(abs(x - y) / abs(x) for x, y in zip(a, b))
+
+
+def test_every_process_finishes_with_identical_weights_after_every_step(runs):
+    for rank in range(WORLD):
+        report = json.loads((runs / f"rank{rank}.json").read_text())
+        assert report["codes"] == [0, 0, 0, 0]
+        # 6 + 3 + 3 updates; DDP hands every process the same averaged gradient: bitwise-equal weights.
+        assert len(report["spreads"]) == 12
+        assert max(report["spreads"]) == 0.0
+
+
+@pytest.mark.parametrize("run", ["kp", "img"])
+def test_two_processes_train_as_one(runs, run):
+    one, two = _losses(runs / f"{run}1"), _losses(runs / f"{run}2")
+    assert len(one) == (6 if run == "kp" else 3)
+    assert _max_rel(one, two) < LOSS_RTOL
+    last = "000000006" if run == "kp" else "000000003"
+    a = load_file(runs / f"{run}1/checkpoints" / last / "model.safetensors")
+    b = load_file(runs / f"{run}2/checkpoints" / last / "model.safetensors")
+    for key in a:
+        scale = a[key].abs().max().clamp_min(1e-3)
+        torch.testing.assert_close(b[key] / scale, a[key] / scale, rtol=0, atol=1e-5)
+
+
+def test_only_the_main_process_writes(runs):
+    # One line per step (a second writer would duplicate them), one eval record, one video.
+    assert [r["step"] for r in metrics(runs / "img2")] == [1, 2, 3]
+    assert [r["step"] for r in metrics(runs / "img2", "eval")] == [3]
+    info = json.loads((runs / "img2/eval/step_000000003/eval_info.json").read_text())
+    assert [e["episode_ix"] for e in info["per_episode"]] == [0, 1]
+    assert [p.name for p in (runs / "img2/eval").rglob("*.mp4")] == ["eval_episode_0.mp4"]
+    assert sorted(p.name for p in (runs / "img2/checkpoints").iterdir()) == ["000000003", "last"]
+
+
+def test_resume_across_process_counts_is_exact(runs):
+    # 1 -> 2 processes and 2 -> 1: the whole trajectory equals the uninterrupted run's.
+    reference = _losses(runs / "kp1")
+    for run in ("kp1to2", "kp2to1"):
+        assert [r["step"] for r in metrics(runs / run)] == [1, 2, 3, 4, 5, 6]
+        assert _max_rel(reference, _losses(runs / run)) < LOSS_RTOL
+
+
+def test_sharded_evaluation_merges_into_the_one_process_results(runs):
+    one = json.loads((runs / "eval1/eval_info.json").read_text())
+    two = json.loads((runs / "eval2/eval_info.json").read_text())
+    assert two["per_episode"] == one["per_episode"]
+    assert [e["seed"] for e in two["per_episode"]] == [100_000 + i for i in range(5)]
+    for key in ("avg_sum_reward", "avg_max_reward", "pc_success", "env_steps"):
+        assert two["aggregated"][key] == one["aggregated"][key]
+    # Videos come from the main process, whose share starts at episode 0.
+    assert [Path(p).name for p in two["video_paths"]] == ["eval_episode_0.mp4"]
+
+
+def test_batch_not_divisible_by_processes_is_one_line(monkeypatch, capsys):
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    assert train_main([*KEYPOINTS, "training.steps=1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "training.batch_size=8" in err and "divisible by the 3 processes" in err
+
+
+def test_online_training_refuses_several_processes(monkeypatch, capsys):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert train_main(["policy=tdmpc", "env=pusht_keypoints", "training.steps=1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "trains on one process only" in err
+
+
+def test_shards_of_a_step_are_its_global_batch():
+    whole = StepBatchSampler(50, 12, seed=3, start_step=5, num_steps=7)
+    shards = [StepBatchSampler(50, 12, seed=3, start_step=5, num_steps=7, shard=(i, 3)) for i in range(3)]
+    for batch, *parts in zip(whole, *shards):
+        assert [i for part in parts for i in part] == batch
+    with pytest.raises(ValueError, match="evenly"):
+        StepBatchSampler(50, 12, seed=3, shard=(0, 5))
+
+
+def test_random_crop_of_a_shard_is_its_slice_of_the_global_crops():
+    images = torch.rand(8, 3, 10, 12)
+    whole = random_crop(images, (4, 5), generator=torch.Generator().manual_seed(0))
+    shard = BatchShard(index=1, count=2)
+    part = random_crop(images[4:], (4, 5), generator=torch.Generator().manual_seed(0), shard=shard)
+    torch.testing.assert_close(part, whole[4:])
