@@ -215,17 +215,13 @@ class DiffusionPolicy(Policy):
 
         global_cond = self.global_conditioning(batch)
         # Noise and timesteps are drawn for the global batch and sliced (see `batch_shard`): on N
-        # processes every sample gets what it gets on one.
+        # processes every sample gets what it gets on one. They are drawn on the CPU (a few KB), so that
+        # they come from the one seeded CPU stream whatever device or GPU count trains, and a checkpoint's
+        # CPU random state resumes them exactly.
         shard, local = current_shard(), actions.shape[0]
-        noise = shard.rows(
-            lambda n: torch.randn((n, *actions.shape[1:]), device=actions.device, dtype=actions.dtype), local
-        )
-        steps = shard.rows(
-            lambda n: torch.randint(
-                0, self.config.num_train_timesteps, (n,), device=actions.device, dtype=torch.long
-            ),
-            local,
-        )
+        noise = shard.rows(lambda n: torch.randn((n, *actions.shape[1:])), local)
+        steps = shard.rows(lambda n: torch.randint(0, self.config.num_train_timesteps, (n,)), local)
+        noise, steps = noise.to(actions.device, actions.dtype), steps.to(actions.device)
         noisy = self.noise_scheduler.add_noise(actions, noise, steps)
         prediction = self.unet(noisy, steps, global_cond)
         target = noise if self.config.prediction_type == "epsilon" else actions
