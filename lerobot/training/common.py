@@ -96,7 +96,7 @@ def evaluate(cfg: DictConfig, policy: Policy, out_dir: Path, progress: bool = Fa
             start,
             stop,
             max_episodes_rendered=cfg.eval.max_episodes_rendered if main else 0,
-            videos_dir=Path(out_dir) / "videos",
+            videos_dir=Path(out_dir) / "videos" if main else None,
             progress=progress and main,
         )
     parts = [(s, p) for s, p in distributed.gather((start, part)) if p is not None]
@@ -113,7 +113,7 @@ def _evaluate_episodes(
     start: int,
     stop: int,
     max_episodes_rendered: int,
-    videos_dir: Path,
+    videos_dir: Path | None,
     progress: bool,
 ) -> dict[str, Any]:
     """`eval_policy` over episodes `[start, stop)` (seeds `eval.start_seed + i`) in a vector env of its own;
