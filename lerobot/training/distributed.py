@@ -33,6 +33,9 @@ T = TypeVar("T")
 # Whether this module created the process group (and so destroys it in `shutdown`); a caller that set up
 # its own group keeps it.
 _owned = False
+# A gloo group over the same processes when the default group is NCCL: small host-side exchanges (flags,
+# Python objects) go through it, so they never wait for the GPU's queued work.
+_host_group: dist.ProcessGroup | None = None
 
 
 def world_size() -> int:
@@ -64,7 +67,7 @@ def init(device: torch.device) -> torch.device:
 
     NCCL for CUDA devices (each process takes GPU `LOCAL_RANK`), gloo for the CPU.
     """
-    global _owned
+    global _owned, _host_group
     if world_size() <= 1:
         return device
     if device.type == "cuda":
@@ -73,15 +76,17 @@ def init(device: torch.device) -> torch.device:
     if not dist.is_initialized():
         dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo", init_method="env://")
         _owned = True
+    if dist.get_backend() == "nccl" and _host_group is None:
+        _host_group = dist.new_group(backend="gloo")
     return device
 
 
 def shutdown() -> None:
     """Leave the process group if `init` created it."""
-    global _owned
+    global _owned, _host_group
     if _owned and dist.is_initialized():
         dist.destroy_process_group()
-    _owned = False
+    _owned, _host_group = False, None
 
 
 def shard_size(global_batch: int) -> int:
@@ -135,8 +140,8 @@ def any_process(flag: bool) -> bool:
     reached one of them, so that all stop at the same step)."""
     if not active():
         return flag
-    value = torch.tensor([int(flag)], device=_collective_device())
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    value = torch.tensor([int(flag)])
+    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=_host_group)
     return bool(value.item())
 
 
@@ -153,7 +158,7 @@ def on_main(fn: Callable[[], T]) -> T:
             box[0] = (True, fn())
         except Exception as e:  # re-raised below, on every process
             box[0] = (False, e)
-    dist.broadcast_object_list(box, src=0)
+    dist.broadcast_object_list(box, src=0, group=_host_group)
     ok, value = box[0]
     if not ok:
         raise value
@@ -165,7 +170,7 @@ def gather(obj: T) -> list[T]:
     if not active():
         return [obj]
     out: list[Any] = [None] * world_size()
-    dist.all_gather_object(out, obj)
+    dist.all_gather_object(out, obj, group=_host_group)
     return out
 
 
@@ -181,10 +186,4 @@ def share(n: int) -> tuple[int, int]:
 def barrier() -> None:
     """Wait until every process reaches this point."""
     if active():
-        dist.barrier()
-
-
-def _collective_device() -> torch.device:
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+        dist.barrier(group=_host_group)
