@@ -71,7 +71,13 @@ def init(device: torch.device) -> torch.device:
     if world_size() <= 1:
         return device
     if device.type == "cuda":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        if local_rank >= torch.cuda.device_count():
+            raise ConfigError(
+                f"process {local_rank} of this node has no GPU of its own ({torch.cuda.device_count()} visible); "
+                "launch at most one process per GPU (torchrun --nproc_per_node)"
+            )
+        device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     if not dist.is_initialized():
         dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo", init_method="env://")
