@@ -6,6 +6,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import resource
+import shutil
 import signal
 import stat
 import struct
@@ -302,6 +303,17 @@ def test_full_disk_at_save_is_one_line_and_keeps_the_previous_checkpoint(tmp_pat
     assert "needs about 1." in err[0] and "the newest checkpoint is 000000002" in err[0]
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["000000002", "last"]
     assert load_training_state(latest_checkpoint(run))["step"] == 2
+
+
+def test_too_little_free_space_is_refused_before_writing(tmp_path, monkeypatch):
+    """No small filesystem can be mounted without root, so the free space is what `disk_usage` reports."""
+    first = tiny_checkpoint(tmp_path, 1)
+    real = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: real(path)._replace(free=1000))
+    with pytest.raises(CheckpointError, match=r"000000002: no space left on device; it needs about 0\.\d MB"):
+        tiny_checkpoint(tmp_path, 2)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["000000001", "last"]
+    assert latest_checkpoint(tmp_path) == first
 
 
 # ------------------------------------------------------------------------------------------- 16: umask

@@ -95,6 +95,10 @@ def save_checkpoint(
         _raise_if_non_finite(named, f"not saving checkpoint {step:09d}: the weights after step {step}")
     final = checkpoint_dir(run_dir, step)
     final.parent.mkdir(parents=True, exist_ok=True)
+    needed = _nbytes(state) + _nbytes(training_state)
+    free = shutil.disk_usage(final.parent).free
+    if free < needed:  # refuse before filling the disk up: other writers (logs, evaluations) need it too
+        raise CheckpointError(_no_space_message(run_dir, final, "no space left on device", needed, free))
     tmp = _make_temporary(final.parent, step)
     try:
         tensors = {k: v.detach().contiguous().cpu() for k, v in state.items()}
@@ -112,13 +116,9 @@ def save_checkpoint(
         full = no_space_error(e)
         if full is None:
             raise
-        needed = _nbytes(tensors if "tensors" in locals() else state) + _nbytes(training_state)
-        raise CheckpointError(
-            f"cannot write checkpoint {final}: {full.strerror} ({full.filename or tmp}); it needs about "
-            f"{_mb(needed)} and {_mb(shutil.disk_usage(final.parent).free)} are free there; nothing was "
-            f"changed ({_last_note(run_dir)}): free space (or raise the file size limit) and resume "
-            "with training.resume=true"
-        ) from None
+        reason = f"{full.strerror} ({full.filename or tmp})"
+        free = shutil.disk_usage(final.parent).free
+        raise CheckpointError(_no_space_message(run_dir, final, reason, needed, free)) from None
     set_last(run_dir, final)
     return final
 
@@ -203,6 +203,14 @@ def _nbytes(obj: Any) -> int:
     if isinstance(obj, list | tuple):
         return sum(_nbytes(v) for v in obj)
     return 0
+
+
+def _no_space_message(run_dir: Path, final: Path, reason: str, needed: int, free: int) -> str:
+    return (
+        f"cannot write checkpoint {final}: {reason}; it needs about {_mb(needed)} and {_mb(free)} are free "
+        f"there; nothing was changed ({_last_note(run_dir)}): free space (or raise the file size limit) and "
+        "resume with training.resume=true"
+    )
 
 
 def _mb(n: int) -> str:
