@@ -375,7 +375,7 @@ def load_config(ckpt_dir: Path) -> DictConfig:
         cfg = validate_config(cfg)
     except Exception as e:
         reason = str(e) if isinstance(e, CheckpointError) else f"{path} is not a valid config: {e}"
-        if changed is not None:
+        if changed is not None and not isinstance(e, CheckpointError):
             reason = f"{reason} ({changed})"
         raise CheckpointError(f"{reason}; {other_checkpoints_hint(ckpt_dir)}") from None
     if changed is not None:
