@@ -186,6 +186,19 @@ def test_a_flipped_training_state_stops_the_resume(tmp_path):
         load_training_state(resume_from)
 
 
+def test_non_finite_raw_weights_stop_the_resume(tmp_path):
+    """A checkpoint of an older version (no checksums) whose training state holds NaN weights."""
+    ckpt = tiny_checkpoint(tmp_path, 1)
+    state = torch.load(ckpt / TRAINING_STATE_FILE, weights_only=False)
+    next(iter(state["model"].values())).fill_(float("nan"))
+    torch.save(state, ckpt / TRAINING_STATE_FILE)
+    (ckpt / "checksums.json").unlink()
+    with pytest.raises(
+        NonFiniteWeightsError, match=f"weights in {ckpt / TRAINING_STATE_FILE} .* are not finite"
+    ):
+        load_training_state(ckpt)
+
+
 # ------------------------------------------------------------------------------------------- 9: divergence
 def test_divergence_keeps_the_last_good_checkpoint_and_gives_advice_that_fits(tmp_path, data_args, capsys):  # noqa: F811
     run = tmp_path / "run"

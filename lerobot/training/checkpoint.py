@@ -271,8 +271,11 @@ def remove_stale_temporaries(run_dir: Path) -> None:
             os.replace(tmp, final)
             log.warning("recovered checkpoint %s from the complete temporary %s", final, tmp.name)
             continue
-        freed += sum(p.stat().st_size for p in tmp.rglob("*") if p.is_file() and not p.is_symlink())
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp.is_dir() and not tmp.is_symlink():
+            freed += sum(p.stat().st_size for p in tmp.rglob("*") if p.is_file() and not p.is_symlink())
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.unlink(missing_ok=True)
         removed += 1
     if removed:
         log.info(
@@ -395,7 +398,7 @@ def load_weights(ckpt_dir: Path) -> tuple[dict[str, torch.Tensor], dict[str, str
             f"{path} is corrupt or truncated ({e}); {other_checkpoints_hint(ckpt_dir)}"
         ) from None
     try:
-        _raise_if_non_finite(state, f"{path} holds diverged weights")
+        _raise_if_non_finite(state, f"the weights in {path} (saved by a run that had diverged)")
     except NonFiniteWeightsError as e:
         raise NonFiniteWeightsError(f"{e}; {other_checkpoints_hint(ckpt_dir)}") from None
     return state, metadata
@@ -508,7 +511,7 @@ def load_training_state(ckpt_dir: Path) -> dict[str, Any]:
     ema = state.get("ema") or {}
     weights.update({f"ema.shadow_params.{i}": t for i, t in enumerate(ema.get("shadow_params", []))})
     try:
-        _raise_if_non_finite(weights, f"{path} holds diverged weights")
+        _raise_if_non_finite(weights, f"the weights in {path} (saved by a run that had diverged)")
     except NonFiniteWeightsError as e:
         raise NonFiniteWeightsError(f"{e}; {other_checkpoints_hint(ckpt_dir)}") from None
     return state
