@@ -43,7 +43,7 @@ def write_fake_zarr(path: Path, lengths=LENGTHS, seed: int = 0, img_chunk: int =
     """A PushT-shaped zarr (format 2) with random content; returns the arrays written."""
     rng = np.random.default_rng(seed)
     n = sum(lengths)
-    state = np.column_stack([rng.uniform(50, 450, (n, 4)), rng.uniform(-3, 3, n)]).astype(np.float32)
+    state = np.column_stack([rng.uniform(50, 450, (n, 4)), rng.uniform(0, 2 * np.pi, n)]).astype(np.float32)
     # A few poses on the goal so that some rewards and successes are 1 / True.
     state[5:7, 2:5] = [256.0, 256.0, np.pi / 4]
     arrays = {
