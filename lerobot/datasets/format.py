@@ -171,8 +171,8 @@ def out_of_space_error(error: OSError, directory: Path, needed_bytes: int) -> Da
 
 def _space_message(directory: Path, needed: int, free: int, problem: str) -> str:
     return (
-        f"{directory}: {problem} while converting the dataset: it needs {needed / 1e6:.0f} MB there, "
-        f"{free / 1e6:.0f} MB are free; free some space or set dataset.cache_dir to a disk with room"
+        f"{directory}: {problem} while converting the dataset: it needs {needed / 1e6:.1f} MB there, "
+        f"{free / 1e6:.1f} MB are free; free some space or set dataset.cache_dir to a disk with room"
     )
 
 

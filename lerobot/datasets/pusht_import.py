@@ -414,7 +414,8 @@ def convert_pusht_zarr(zarr_path: Path, out_dir: Path, force: bool = False) -> P
     zarr_path, out_dir = Path(zarr_path), Path(out_dir)
     arrays = open_pusht_zarr(zarr_path)
     fingerprint = source_fingerprint(arrays, zarr_path)
-    if not force and _is_current(out_dir, fingerprint) and _is_intact(out_dir):
+    current = _is_current(out_dir, fingerprint)
+    if current and not force and _is_intact(out_dir):
         return out_dir
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_temps(out_dir.parent, out_dir.name)
@@ -426,7 +427,7 @@ def convert_pusht_zarr(zarr_path: Path, out_dir: Path, force: bool = False) -> P
         t0 = time.perf_counter()
         _write_converted(arrays, zarr_path, tmp, fingerprint)
         seconds = time.perf_counter() - t0
-        _install(tmp, out_dir, fingerprint)
+        _install(tmp, out_dir, fingerprint, replace_current=current)
     except OSError as e:
         if (error := out_of_space_error(e, out_dir.parent, needed)) is not None:
             raise error from None
@@ -443,11 +444,15 @@ def converted_bytes(arrays: dict[str, Any]) -> int:
     return num_frames * (height * width * channels + _LOW_DIM_BYTES_PER_FRAME)
 
 
-def _install(tmp: Path, out_dir: Path, fingerprint: str) -> None:
-    """Rename the finished `tmp` to `out_dir`, replacing an outdated conversion; tolerate a racing twin."""
+def _install(tmp: Path, out_dir: Path, fingerprint: str, replace_current: bool) -> None:
+    """Rename the finished `tmp` to `out_dir`, replacing an outdated conversion; tolerate a racing twin.
+
+    `replace_current`: `out_dir` held this source's conversion when we started (forced or damaged), so
+    replace it even though its fingerprint matches.
+    """
     old = None
     if out_dir.exists():
-        if _is_current(out_dir, fingerprint):
+        if not replace_current and _is_current(out_dir, fingerprint):
             return  # another process finished the same conversion meanwhile
         old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         os.rename(out_dir, old)
