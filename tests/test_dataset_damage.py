@@ -144,69 +144,64 @@ def test_too_little_free_space_is_refused_before_writing(tmp_path, monkeypatch):
     assert list(out.parent.iterdir()) == []
 
 
-# Runs the conversion into a tmpfs of `size` mounted in a private user + mount namespace (no root needed),
-# as the CLI would report it: one line, exit code 2. Prints what is left in the tmpfs afterwards.
+# Converts into a tmpfs of 128 KB mounted in a private user + mount namespace (no root needed), once per mode
+# given, reporting each failure as the CLI does (one "error:" line) and what the tmpfs holds afterwards.
+# preflight: as shipped; preallocated: the preflight check fooled, so the writes themselves meet the full
+# disk; sparse: in addition the image map made the old way (sparse, written page by page).
 _CONVERT_ON_SMALL_DISK = """
 import shutil, sys
 from pathlib import Path
 import numpy as np
 from lerobot.datasets import DatasetError, convert_pusht_zarr, pusht_import
-src, disk, mode = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
-if mode != "preflight":  # skip the preflight check so the writes themselves meet the full disk
-    real = shutil.disk_usage
-    shutil.disk_usage = lambda p: real(p)._replace(free=1 << 40)
-if mode == "sparse":  # what the conversion did before: a sparse memory map, written page by page
-    pusht_import.open_preallocated_memmap = lambda path, dtype, shape: np.lib.format.open_memmap(
-        path, mode="w+", dtype=dtype, shape=shape)
-try:
-    convert_pusht_zarr(src, disk / "v1")
-except DatasetError as e:
-    print(f"error: {e}", file=sys.stderr)
-    print("left:", sorted(p.name for p in disk.iterdir()))
-    sys.exit(2)
+src, disk = Path(sys.argv[1]), Path(sys.argv[2])
+real_disk_usage = shutil.disk_usage
+for mode in sys.argv[3:]:
+    if mode != "preflight":
+        shutil.disk_usage = lambda p: real_disk_usage(p)._replace(free=1 << 40)
+    if mode == "sparse":
+        pusht_import.open_preallocated_memmap = lambda path, dtype, shape: np.lib.format.open_memmap(
+            path, mode="w+", dtype=dtype, shape=shape)
+    try:
+        convert_pusht_zarr(src, disk / "v1")
+    except DatasetError as e:
+        print(f"error: {e}", file=sys.stderr)
+        print("left:", sorted(p.name for p in disk.iterdir()))
+sys.exit(2)
 """
 
 
-def _unshare_tmpfs_works(directory: Path) -> bool:
-    if shutil.which("unshare") is None:
-        return False
-    probe = subprocess.run(
-        ["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o size=64k tmpfs {directory}"],
-        capture_output=True,
-    )
-    return probe.returncode == 0
-
-
-@pytest.mark.parametrize("mode", ["preflight", "preallocated", "sparse"])
-def test_full_disk_during_conversion_is_one_line_on_a_real_small_filesystem(tmp_path, mode):
+def _convert_on_small_disk(tmp_path: Path, *modes: str) -> subprocess.CompletedProcess:
     disk = tmp_path / "disk"
     disk.mkdir()
-    if not _unshare_tmpfs_works(disk):
+    mount = f"mount -t tmpfs -o size=128k tmpfs {disk}"
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-rm", "sh", "-c", mount]).returncode:
         pytest.skip("needs unprivileged user namespaces (unshare -rm) to mount a small tmpfs")
     src = tmp_path / "data" / ZARR
     # 64x64 images: 221 KB of uint8, more than the 128 KB disk; the other arrays fit.
     write_fake_zarr(src, LENGTHS, image_size=64)
     script = textwrap.dedent(_CONVERT_ON_SMALL_DISK)
-    command = (
-        f"mount -t tmpfs -o size=128k tmpfs {disk} && exec {sys.executable} -c '{script}' {src} {disk} {mode}"
+    command = f"{mount} && exec {sys.executable} -c '{script}' {src} {disk} {' '.join(modes)}"
+    return subprocess.run(
+        ["unshare", "-rm", "sh", "-c", command], capture_output=True, text=True, cwd=REPO_ROOT, timeout=120
     )
-    run = subprocess.run(
-        ["unshare", "-rm", "sh", "-c", command],
-        capture_output=True,
-        text=True,
-        cwd=REPO_ROOT,
-        timeout=120,
-    )
-    if mode == "sparse":
-        # The fault itself, reproduced: the kernel cannot back a written page and kills the process.
-        assert run.returncode in (-7, 135), (run.returncode, run.stderr[-2000:])
-        return
-    assert run.returncode == 2, run.stderr[-2000:]
+
+
+def test_full_disk_during_conversion_is_one_line_on_a_real_small_filesystem(tmp_path):
+    run = _convert_on_small_disk(tmp_path, "preflight", "preallocated")
+    disk = tmp_path / "disk"
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr[-2000:]
     errors = [line for line in run.stderr.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 1 and "Traceback" not in run.stderr, run.stderr[-2000:]
-    problem = "not enough disk space" if mode == "preflight" else "ran out of space (No space left on device)"
-    assert errors[0].startswith(
-        f"error: {disk}: {problem} while converting the dataset: it needs 0.2 MB there"
-    )
-    assert "set dataset.cache_dir to a disk with room" in errors[0]
-    assert run.stdout.strip() == "left: []"
+    problems = ["not enough disk space", "ran out of space (No space left on device)"]
+    assert len(errors) == 2, run.stderr[-2000:]
+    for error, problem in zip(errors, problems):
+        assert error.startswith(
+            f"error: {disk}: {problem} while converting the dataset: it needs 0.2 MB there"
+        )
+        assert error.endswith("set dataset.cache_dir to a disk with room")
+    assert run.stdout.split("\n")[:2] == ["left: []", "left: []"]
+
+
+def test_sparse_memory_map_on_a_full_disk_dies_of_sigbus(tmp_path):
+    """The fault the preallocation prevents, reproduced on the same disk: the kernel kills the process."""
+    run = _convert_on_small_disk(tmp_path, "sparse")
+    assert run.returncode in (-7, 135), (run.returncode, run.stderr[-2000:])
