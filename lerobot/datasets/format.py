@@ -46,8 +46,6 @@ BOOKKEEPING_KEYS = (EPISODE_INDEX, FRAME_INDEX, TIMESTAMP)
 STAT_NAMES = ("mean", "std", "min", "max")
 _SUFFICIENT = ("count", "sum", "sumsq", "min", "max")
 
-# Frames checked at once against their episodes' min/max: bounds the float64 temporaries to a few MB per column.
-_CHECK_BLOCK = 65536
 # errno values of a write that failed for lack of room (full disk, quota, file-size limit).
 _NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
@@ -116,42 +114,39 @@ def load_episode_stats(root: Path) -> dict[str, np.ndarray]:
 
 
 def check_against_episode_stats(
-    path: Path,
-    values: np.ndarray,
-    episode_stats: dict[str, np.ndarray],
-    episode_index: np.ndarray,
-    frame_index: np.ndarray,
-    root: Path,
+    path: Path, values: np.ndarray, episode_stats: dict[str, np.ndarray], episode_ends: np.ndarray, root: Path
 ) -> None:
     """Raise `DatasetError` unless every value lies within its episode's min/max recorded at conversion.
 
     Catches a numeric array modified or damaged after conversion (NaN, inf, 1e30 written into `action.npy`)
     before it reaches training; the min/max are exact copies of the data's extremes, so no tolerance is needed.
+    One pass of per-episode min/max over the (memory-mapped) array; only a failing episode is searched.
 
     Args:
         path: the array's file, for the message.
-        values: (N, *shape) the feature over all frames (memory-mapped is fine; read in blocks).
+        values: (N, *shape) the feature over all frames, episodes one after another.
         episode_stats: {"min", "max"}: (E, *shape) per-episode extremes of this feature.
-        episode_index, frame_index: (N,) episode of each frame and position within it.
+        episode_ends: (E,) exclusive end frame of each episode.
         root: the converted dataset's directory, named in the fix.
     """
+    starts = np.concatenate([[0], episode_ends[:-1]]).astype(np.int64)
     lows, highs = episode_stats["min"], episode_stats["max"]
-    for lo in range(0, len(values), _CHECK_BLOCK):
-        block = np.asarray(values[lo : lo + _CHECK_BLOCK], dtype=np.float64)
-        episodes = episode_index[lo : lo + _CHECK_BLOCK]
-        # Written so that NaN fails the test too.
-        inside = (block >= lows[episodes]) & (block <= highs[episodes])
-        if inside.all():
-            continue
-        row = lo + int(np.argmin(inside.reshape(len(block), -1).all(axis=1)))
-        bad = np.asarray(values[row], dtype=np.float64).reshape(-1)
-        ep = int(episode_index[row])
-        col = int(np.argmin((bad >= lows[ep].reshape(-1)) & (bad <= highs[ep].reshape(-1))))
-        raise DatasetError(
-            f"{path}: episode {ep} frame {int(frame_index[row])} (row {row}) holds {bad[col]:.6g}, outside the "
-            f"range [{lows[ep].reshape(-1)[col]:.6g}, {highs[ep].reshape(-1)[col]:.6g}] recorded at conversion "
-            f"(changed or damaged since); delete {root} to convert again"
-        )
+    # NaN propagates through minimum/maximum and fails both comparisons.
+    inside = (np.minimum.reduceat(values, starts, axis=0) >= lows) & (
+        np.maximum.reduceat(values, starts, axis=0) <= highs
+    )
+    if inside.all():
+        return
+    episode = int(np.argmin(inside.reshape(len(starts), -1).all(axis=1)))
+    start, end = int(starts[episode]), int(episode_ends[episode])
+    frames = np.asarray(values[start:end]).reshape(end - start, -1)
+    low, high = lows[episode].reshape(-1), highs[episode].reshape(-1)
+    frame, col = np.argwhere(~((frames >= low) & (frames <= high)))[0]
+    raise DatasetError(
+        f"{path}: episode {episode} frame {frame} (row {start + frame}) holds {frames[frame, col]:.6g}, outside "
+        f"the range [{low[col]:.6g}, {high[col]:.6g}] recorded at conversion (changed or damaged since); "
+        f"delete {root} to convert again"
+    )
 
 
 def check_free_space(directory: Path, needed_bytes: int) -> None:
