@@ -62,7 +62,7 @@ class EpisodeDataset(Dataset):
 
     Opening checks every loaded numeric (non-image) array against the per-episode min/max written at
     conversion, so a file changed or damaged since (NaN, 1e30) is a `DatasetError` naming the file, episode
-    and frame, not a NaN loss later (about 1 ms for PushT; images are uint8 and cannot hold such values).
+    and frame, not a NaN loss later (one pass over the numeric arrays; images are uint8 and hold no NaN).
 
     An item is a dict of tensors: images float32 (3, H, W) in [0, 1], other features float32 of their
     shape (booleans as 0/1), windows with a leading T axis, plus `episode_index`, `frame_index`, `index`
