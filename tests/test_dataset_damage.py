@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
+from safetensors.numpy import load_file, save_file
 from test_dataset import ZARR, write_fake_zarr
 
 from lerobot.datasets import DatasetError, EpisodeDataset, convert_pusht_zarr, pusht_import
@@ -111,6 +112,24 @@ def test_value_planted_in_converted_array_is_refused_when_opened(converted, plan
         convert_pusht_zarr(src, root)
     assert "converting again" in caplog.text
     assert EpisodeDataset(root).__getitems__([9])["action"].isfinite().all()
+
+
+def test_extremes_taken_before_a_float32_cast_are_no_false_alarm(converted):
+    """An importer may take min/max of float64 source values and store the array as float32."""
+    _, root = converted
+    ends = np.cumsum(LENGTHS)
+    source = np.random.default_rng(0).uniform(0, 512, (ends[-1], 2))
+    stored = source.astype(np.float32)
+    np.save(feature_file(root, "action"), stored)
+    stats = load_file(root / EPISODE_STATS_FILE)
+    bounds = np.split(source, ends[:-1])
+    stats["action/min"] = np.stack([b.min(0) for b in bounds])
+    stats["action/max"] = np.stack([b.max(0) for b in bounds])
+    save_file(stats, root / EPISODE_STATS_FILE)
+    episode = np.repeat(np.arange(len(LENGTHS)), LENGTHS)
+    rounded_out = (stored < stats["action/min"][episode]) | (stored > stats["action/max"][episode])
+    assert rounded_out.any()  # compared in float64, some stored values would look out of range
+    EpisodeDataset(root)
 
 
 def test_truncated_statistics_are_one_line_and_rebuilt(converted, caplog):

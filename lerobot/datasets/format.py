@@ -119,7 +119,7 @@ def check_against_episode_stats(
     """Raise `DatasetError` unless every value lies within its episode's min/max recorded at conversion.
 
     Catches a numeric array modified or damaged after conversion (NaN, inf, 1e30 written into `action.npy`)
-    before it reaches training; the min/max are exact copies of the data's extremes, so no tolerance is needed.
+    before it reaches training; the min/max are the data's own extremes, so no tolerance is needed.
     One pass of per-episode min/max over the (memory-mapped) array; only a failing episode is searched.
 
     Args:
@@ -130,7 +130,9 @@ def check_against_episode_stats(
         root: the converted dataset's directory, named in the fix.
     """
     starts = np.concatenate([[0], episode_ends[:-1]]).astype(np.int64)
-    lows, highs = episode_stats["min"], episode_stats["max"]
+    # In the array's own dtype: rounding is monotonic, so extremes an importer took before casting its data
+    # (e.g. float64 source -> float32 array) round to exactly the stored array's extremes.
+    lows, highs = (episode_stats[name].astype(values.dtype) for name in ("min", "max"))
     # NaN propagates through minimum/maximum and fails both comparisons.
     inside = (np.minimum.reduceat(values, starts, axis=0) >= lows) & (
         np.maximum.reduceat(values, starts, axis=0) <= highs
