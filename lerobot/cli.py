@@ -162,6 +162,18 @@ def _run(main, argv: list[str] | None) -> int:
         if distributed.is_main():
             print(f"error: {e}", file=sys.stderr)
         return 2
+    except Exception as e:
+        from lerobot.training.checkpoint import no_space_error
+
+        full = no_space_error(e)
+        if full is None:
+            raise
+        # A full disk (or file size limit) anywhere else than in a checkpoint save, which says more itself.
+        print(
+            f"error: {full.strerror} writing {full.filename or 'a file'}: free space and run again",
+            file=sys.stderr,
+        )
+        return 2
     finally:
         distributed.shutdown()
 
@@ -245,17 +257,6 @@ def checkpoint_config(ckpt_dir: Path, overrides: list[str], search_path: Sequenc
     return validate_config(cfg)
 
 
-def _check_features(trained: DictConfig, current: DictConfig) -> None:
-    """A checkpoint only runs on an env that produces the features it was trained on."""
-    want = {k: list(v.shape) for k, v in env_config(trained).features.items()}
-    have = {k: list(v.shape) for k, v in env_config(current).features.items()}
-    if want != have:
-        raise ConfigError(
-            f"the checkpoint was trained on env {trained.env.name!r} with features {want}, but env "
-            f"{current.env.name!r} provides {have}; evaluate it with env={trained.env.name}"
-        )
-
-
 def _eval(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(description="Evaluate a checkpoint or a baseline policy.")
     parser.add_argument("--checkpoint", type=Path, help="checkpoint dir, run dir or checkpoints/ dir")
@@ -266,14 +267,14 @@ def _eval(argv: list[str] | None) -> int:
 
     from lerobot.policies.factory import make_policy, make_policy_config
     from lerobot.training import distributed
-    from lerobot.training.checkpoint import load_config, load_policy, resolve_checkpoint_dir
+    from lerobot.training.checkpoint import check_features, load_policy, resolve_checkpoint_dir
     from lerobot.training.common import evaluate, resolve_device, set_seed
 
     # Under torchrun every process evaluates its share of the episodes (see `evaluate`).
     if args.checkpoint is not None:
         ckpt = resolve_checkpoint_dir(args.checkpoint)
         cfg = checkpoint_config(ckpt, args.overrides, search_path=args.config_dir)
-        _check_features(load_config(ckpt), cfg)
+        check_features(ckpt, cfg)  # before building anything: one line naming the feature and both shapes
         device = distributed.init(resolve_device(cfg.device))
         policy, _ = load_policy(ckpt, device=device, cfg=cfg)
     else:
