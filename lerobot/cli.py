@@ -197,6 +197,10 @@ def _train(argv: list[str] | None) -> int:
     args = parser.parse_intermixed_args(argv)
     if args.multirun:
         from lerobot.sweep import run_sweep
+        from lerobot.training import distributed
+
+        if distributed.world_size() > 1:
+            raise ConfigError("a sweep (-m) launches its own jobs, one process each; run it without torchrun")
 
         return run_sweep(args.overrides, search_path=args.config_dir)
     cfg = compose_train_config(args.overrides, search_path=args.config_dir)

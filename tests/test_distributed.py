@@ -203,6 +203,13 @@ def test_online_training_refuses_several_processes(monkeypatch, capsys):
     assert err.count("\n") == 0 and "trains on one process only" in err
 
 
+def test_sweep_refuses_torchrun(monkeypatch, capsys):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert train_main(["-m", "env=pusht_keypoints", "seed=1,2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "without torchrun" in err
+
+
 def test_shards_of_a_step_are_its_global_batch():
     whole = StepBatchSampler(50, 12, seed=3, start_step=5, num_steps=7)
     shards = [StepBatchSampler(50, 12, seed=3, start_step=5, num_steps=7, shard=(i, 3)) for i in range(3)]
