@@ -59,7 +59,7 @@ def _features(kind: str) -> tuple[dict[str, PolicyFeature], dict[str, tuple[floa
         inputs["observation.environment_state"] = PolicyFeature(type=FeatureType.ENV, shape=(16,))
         ranges["observation.environment_state"] = (30.0, 480.0)
     else:
-        inputs["observation.image"] = PolicyFeature(type=FeatureType.VISUAL, shape=(3, 40, 40))
+        inputs["observation.image"] = PolicyFeature(type=FeatureType.VISUAL, shape=(3, 96, 96))
         ranges["observation.image"] = (0.0, 1.0)
     return inputs, ranges
 
@@ -94,7 +94,7 @@ def _config(kind: str) -> DiffusionConfig:
         **common,
         down_dims=(32, 64, 128),
         diffusion_step_embed_dim=32,
-        crop_shape=(32, 32),
+        crop_shape=(84, 84),
         pretrained_backbone_weights=None,
         use_group_norm=True,
         use_separate_rgb_encoder_per_camera=False,
