@@ -217,21 +217,22 @@ def convert_config(config: dict[str, Any], where: Path) -> tuple[dict[str, Any],
 
 
 # ------------------------------------------------------------------------------------------------ stats
-def _pipeline(directory: Path, name: str) -> dict[str, Any]:
+def _pipeline(directory: Path, name: str) -> tuple[dict[str, Any], Path]:
+    """The processor pipeline `name*.json` of `directory` and its path."""
     found = sorted(directory.glob(f"{name}*.json"))
     if len(found) != 1:
         raise PretrainedError(
             f"{directory} must hold one {name}*.json (LeRobot >= 0.4 keeps the normalization statistics in its "
             f"processor files), found {[p.name for p in found]}"
         )
-    return read_json(found[0]) | {"_path": found[0]}
+    return read_json(found[0]), found[0]
 
 
 def _pipeline_stats(
     directory: Path, name: str, step_name: str
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """The config of the `step_name` step of processor `name` and its state tensors."""
-    pipeline = _pipeline(directory, name)
+    pipeline, path = _pipeline(directory, name)
     found = None
     for step in pipeline.get("steps", []):
         registry = step.get("registry_name")
@@ -239,13 +240,11 @@ def _pipeline_stats(
             found = step
         elif registry == "rename_observations_processor":
             if step.get("config", {}).get("rename_map"):
-                raise _refuse(
-                    pipeline["_path"], "rename_map", step["config"]["rename_map"], "keys are not renamed here"
-                )
+                raise _refuse(path, "rename_map", step["config"]["rename_map"], "keys are not renamed here")
         elif registry not in _NEUTRAL_STEPS:
-            raise _refuse(pipeline["_path"], "steps", registry, "this processor step has no counterpart here")
+            raise _refuse(path, "steps", registry, "this processor step has no counterpart here")
     if found is None or "state_file" not in found:
-        raise PretrainedError(f"{pipeline['_path']} has no {step_name} step with a state_file")
+        raise PretrainedError(f"{path} has no {step_name} step with a state_file")
     try:
         state = load_file(directory / found["state_file"])
     except Exception as e:  # missing or corrupt file
@@ -264,8 +263,11 @@ def _group_stats(flat: dict[str, torch.Tensor], keys: list[str]) -> dict[str, di
     return grouped
 
 
-def read_stats(directory: Path, features: dict[str, FeatureConfig], mapping: dict[str, str]):
-    """`(preprocessor stats, postprocessor stats)` as `{feature: {stat: tensor}}`, from the processor files."""
+def read_stats(
+    directory: Path, features: dict[str, FeatureConfig], mapping: dict[str, str]
+) -> tuple[dict[str, dict[str, torch.Tensor]], dict[str, dict[str, torch.Tensor]]]:
+    """`(preprocessor stats, postprocessor stats)` as `{feature: {stat: tensor}}`, from the processor files;
+    raises when the preprocessor normalizes a feature kind otherwise than `mapping` (from config.json)."""
     pre_config, pre_flat = _pipeline_stats(directory, "policy_preprocessor", "normalizer_processor")
     _, post_flat = _pipeline_stats(directory, "policy_postprocessor", "unnormalizer_processor")
     lerobot_map = {_KINDS.get(k): _MODES.get(m, m) for k, m in (pre_config.get("norm_map") or {}).items()}
