@@ -8,7 +8,9 @@ environment; it imports nothing from this project. It writes, under `--out`:
 - `reference.safetensors`: for a fixed raw observation batch, LeRobot's normalized observations, global
   conditioning `(B, n_obs_steps * F)`, initial noise, denoised normalized actions `(B, horizon, A)` and the
   unnormalized action chunk `(B, n_action_steps, A)`, all computed with a generator seeded with `--seed`
-  and a deterministic DDIM schedule. The metadata holds the seed and the LeRobot / torch versions.
+  and a deterministic DDIM schedule (`--scheduler DDPM`: LeRobot's DDPM sampler with all its steps, which
+  draws from the generator at every step). The metadata holds the seed, the scheduler and the LeRobot /
+  torch versions.
 
 The weights are LeRobot's initialization plus a small random perturbation, so that normalization layers
 (initialized to 1 and 0) do not hide a wrong mapping.
@@ -48,7 +50,7 @@ BATCH = 4
 N_OBS_STEPS = 2
 HORIZON = 16
 N_ACTION_STEPS = 8
-INFERENCE_STEPS = 10
+DDIM_STEPS = 10
 
 
 def _features(kind: str) -> tuple[dict[str, PolicyFeature], dict[str, tuple[float, float]]]:
@@ -64,7 +66,7 @@ def _features(kind: str) -> tuple[dict[str, PolicyFeature], dict[str, tuple[floa
     return inputs, ranges
 
 
-def _config(kind: str) -> DiffusionConfig:
+def _config(kind: str, scheduler: str) -> DiffusionConfig:
     inputs, _ = _features(kind)
     common = dict(
         input_features=inputs,
@@ -73,8 +75,8 @@ def _config(kind: str) -> DiffusionConfig:
         n_obs_steps=N_OBS_STEPS,
         horizon=HORIZON,
         n_action_steps=N_ACTION_STEPS,
-        noise_scheduler_type="DDIM",
-        num_inference_steps=INFERENCE_STEPS,
+        noise_scheduler_type=scheduler,
+        num_inference_steps=DDIM_STEPS if scheduler == "DDIM" else None,
         push_to_hub=False,
     )
     if kind == "keypoints":
@@ -142,12 +144,13 @@ def main() -> None:
     parser.add_argument("--kind", choices=("keypoints", "image"), required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--scheduler", choices=("DDIM", "DDPM"), default="DDIM")
     parser.add_argument("--names-only", action="store_true", help="keep weight names and shapes, not weights")
     args = parser.parse_args()
 
     torch.manual_seed(args.seed)
     data_gen = torch.Generator().manual_seed(args.seed + 1)
-    config = _config(args.kind)
+    config = _config(args.kind, args.scheduler)
     policy = DiffusionPolicy(config)
     with torch.no_grad():
         for param in policy.parameters():
@@ -196,6 +199,7 @@ def main() -> None:
         "lerobot_version": lerobot.__version__,
         "torch_version": torch.__version__,
         "kind": args.kind,
+        "scheduler": args.scheduler,
     }
     if args.names_only:
         names = {k: list(v.shape) for k, v in load_file(model_dir / "model.safetensors").items()}

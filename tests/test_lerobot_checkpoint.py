@@ -2,7 +2,7 @@
 
 The fixtures were written by LeRobot 0.6.1 itself (scripts/make_lerobot_fixtures.py, in a separate
 environment): `lerobot_diffusion_keypoints` holds a complete `pretrained_model` plus LeRobot's conditioning and
-actions for a fixed batch and seed; `lerobot_diffusion_image` holds the config and processors of an image
+actions for a fixed batch and seed (DDIM, 10 steps; `_ddpm`: the same model with 100 DDPM steps); `lerobot_diffusion_image` holds the config and processors of an image
 model and the names and shapes of its weights (the weights themselves would be ~45 MB).
 """
 
@@ -34,6 +34,7 @@ from lerobot.policies.pretrained import (
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures"
 KEYPOINTS = FIXTURES / "lerobot_diffusion_keypoints"
+KEYPOINTS_DDPM = FIXTURES / "lerobot_diffusion_keypoints_ddpm"  # the same model sampled with 100 DDPM steps
 IMAGE = FIXTURES / "lerobot_diffusion_image"
 # A Python with LeRobot 0.6 installed; when set, the image fixture is regenerated and compared in full.
 REFERENCE_PYTHON = os.environ.get("LEROBOT_REFERENCE_PYTHON")
@@ -70,8 +71,10 @@ def _check_against_reference(root: Path) -> dict[str, float]:
     return errors
 
 
-def test_keypoint_checkpoint_reproduces_lerobots_conditioning_and_actions():
-    _check_against_reference(KEYPOINTS)
+@pytest.mark.parametrize("root", [KEYPOINTS, KEYPOINTS_DDPM], ids=["ddim", "ddpm"])
+def test_keypoint_checkpoint_reproduces_lerobots_conditioning_and_actions(root):
+    """DDIM draws only the initial noise; DDPM draws at every step too, in LeRobot's order."""
+    _check_against_reference(root)
 
 
 def test_the_config_maps_field_by_field():
