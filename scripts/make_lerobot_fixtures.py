@@ -57,12 +57,12 @@ def _features(kind: str) -> tuple[dict[str, PolicyFeature], dict[str, tuple[floa
     """Input features and a (low, high) range per feature used for the statistics and the batch."""
     inputs = {"observation.state": PolicyFeature(type=FeatureType.STATE, shape=(2,))}
     ranges = {"observation.state": (10.0, 500.0)}
-    if kind == "keypoints":
-        inputs["observation.environment_state"] = PolicyFeature(type=FeatureType.ENV, shape=(16,))
-        ranges["observation.environment_state"] = (30.0, 480.0)
-    else:
+    if kind in ("image", "image_keypoints"):
         inputs["observation.image"] = PolicyFeature(type=FeatureType.VISUAL, shape=(3, 96, 96))
         ranges["observation.image"] = (0.0, 1.0)
+    if kind in ("keypoints", "image_keypoints"):
+        inputs["observation.environment_state"] = PolicyFeature(type=FeatureType.ENV, shape=(16,))
+        ranges["observation.environment_state"] = (30.0, 480.0)
     return inputs, ranges
 
 
@@ -79,19 +79,16 @@ def _config(kind: str, scheduler: str) -> DiffusionConfig:
         num_inference_steps=DDIM_STEPS if scheduler == "DDIM" else None,
         push_to_hub=False,
     )
-    if kind == "keypoints":
-        # The environment state is normalized too (LeRobot's default mapping leaves it unnormalized).
-        mapping = {
+    # The environment state is normalized too (LeRobot's default mapping, kept for images, leaves it as is).
+    if kind != "image":
+        common["normalization_mapping"] = {
+            **({"VISUAL": NormalizationMode.MEAN_STD} if kind == "image_keypoints" else {}),
             "STATE": NormalizationMode.MIN_MAX,
             "ENV": NormalizationMode.MIN_MAX,
             "ACTION": NormalizationMode.MIN_MAX,
         }
-        return DiffusionConfig(
-            **common,
-            normalization_mapping=mapping,
-            down_dims=(16, 32, 64),
-            diffusion_step_embed_dim=32,
-        )
+    if kind == "keypoints":
+        return DiffusionConfig(**common, down_dims=(16, 32, 64), diffusion_step_embed_dim=32)
     return DiffusionConfig(
         **common,
         down_dims=(32, 64, 128),
@@ -141,7 +138,7 @@ def _observations(kind: str, generator: torch.Generator) -> dict[str, torch.Tens
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kind", choices=("keypoints", "image"), required=True)
+    parser.add_argument("--kind", choices=("keypoints", "image", "image_keypoints"), required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--scheduler", choices=("DDIM", "DDPM"), default="DDIM")

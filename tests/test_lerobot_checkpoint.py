@@ -21,7 +21,7 @@ from safetensors.torch import load_file, save_file
 
 from lerobot.cli import eval_main
 from lerobot.config import ConfigError
-from lerobot.policies.diffusion.lerobot_import import rename
+from lerobot.policies.diffusion.lerobot_import import conditioning_order, rename
 from lerobot.policies.diffusion.modeling import DiffusionPolicy
 from lerobot.policies.pretrained import (
     MODEL_FILE,
@@ -36,6 +36,7 @@ FIXTURES = REPO / "tests" / "fixtures"
 KEYPOINTS = FIXTURES / "lerobot_diffusion_keypoints"
 KEYPOINTS_DDPM = FIXTURES / "lerobot_diffusion_keypoints_ddpm"  # the same model sampled with 100 DDPM steps
 IMAGE = FIXTURES / "lerobot_diffusion_image"
+IMAGE_KEYPOINTS = FIXTURES / "lerobot_diffusion_image_keypoints"  # images and an environment state
 # A Python with LeRobot 0.6 installed; when set, the image fixture is regenerated and compared in full.
 REFERENCE_PYTHON = os.environ.get("LEROBOT_REFERENCE_PYTHON")
 
@@ -60,8 +61,13 @@ def _check_against_reference(root: Path) -> dict[str, float]:
     for key in raw:
         assert _relative_error(normalized[key], reference[f"normalized.{key}"]) < 1e-6
     assert torch.equal(noise, reference["initial_noise"])  # the first draw of the generator, as LeRobot's
+    expected_cond = reference["global_cond"]
+    order = conditioning_order(policy)
+    if order is not None:  # LeRobot's per-step order [state, images, env_state], put into this project's
+        embed = policy.config.diffusion_step_embed_dim
+        expected_cond = expected_cond[:, order[embed:] - embed]
     errors = {
-        "global_cond": _relative_error(global_cond, reference["global_cond"]),
+        "global_cond": _relative_error(global_cond, expected_cond),
         "actions_normalized": _relative_error(actions, reference["actions_normalized"]),
         "action_chunk": _relative_error(chunk[:, :n_action_steps], reference["action_chunk"]),
     }
@@ -101,12 +107,12 @@ def test_the_config_maps_field_by_field():
     }
 
 
-def _image_copy(tmp_path: Path) -> Path:
-    """The image fixture with synthetic weights under LeRobot's names and shapes (the spatial softmax grid
+def _image_copy(tmp_path: Path, fixture: Path = IMAGE) -> Path:
+    """An image fixture with synthetic weights under LeRobot's names and shapes (the spatial softmax grid
     is LeRobot's fixed coordinate grid); returns the pretrained_model directory."""
     target = tmp_path / "image"
-    shutil.copytree(IMAGE / "pretrained_model", target)
-    names = json.loads((IMAGE / "model_names.json").read_text())["names"]
+    shutil.copytree(fixture / "pretrained_model", target)
+    names = json.loads((fixture / "model_names.json").read_text())["names"]
     gen = torch.Generator().manual_seed(3)
     weights = {name: torch.randn(shape, generator=gen) for name, shape in names.items()}
     grid = "diffusion.rgb_encoder.pool.pos_grid"
@@ -118,17 +124,23 @@ def _image_copy(tmp_path: Path) -> Path:
     return target
 
 
-def test_image_encoder_weights_land_under_the_mapped_names(tmp_path):
+@pytest.mark.parametrize("fixture", [IMAGE, IMAGE_KEYPOINTS], ids=["image", "image_keypoints"])
+def test_image_model_weights_land_under_the_mapped_names(tmp_path, fixture):
     """Every weight of LeRobot's image model (ResNet-18 with GroupNorm under BatchNorm names, spatial softmax,
-    U-Net) is used once, at the mapped name, with its values."""
-    directory = _image_copy(tmp_path)
+    U-Net) is used once, at the mapped name, with its values; with an environment state too, the FiLM input
+    columns follow this project's conditioning order."""
+    directory = _image_copy(tmp_path, fixture)
     weights = load_file(directory / MODEL_FILE)
     policy = load_pretrained(directory)
     own = policy.state_dict()
     mapped = {rename(name): value for name, value in weights.items() if not name.endswith("pos_grid")}
     assert "rgb_encoder.backbone.4.0.bn1.weight" in mapped  # a GroupNorm keeping its BatchNorm name
     assert {k for k in own if not k.startswith(("normalize_", "unnormalize_"))} == set(mapped)
+    order = conditioning_order(policy)
+    assert (order is None) == (fixture == IMAGE)
     for name, value in mapped.items():
+        if order is not None and name.endswith(".film.1.weight"):
+            value = value[:, order]
         assert torch.equal(own[name], value.reshape(own[name].shape)), name
     assert isinstance(policy.rgb_encoder.backbone[1], torch.nn.GroupNorm)
 
@@ -146,12 +158,6 @@ def _edit_json(path: Path, **changes) -> None:
     data = json.loads(path.read_text())
     data.update(changes)
     path.write_text(json.dumps(data))
-
-
-def _features_with_env_state(d: Path) -> None:
-    config = json.loads((d / "config.json").read_text())
-    config["input_features"]["observation.environment_state"] = {"type": "ENV", "shape": [16]}
-    (d / "config.json").write_text(json.dumps(config))
 
 
 def _rename_map(d: Path) -> None:
@@ -177,7 +183,6 @@ def _old_normalization_buffers(d: Path) -> None:
         ),
         (IMAGE, lambda d: _edit_json(d / "config.json", resize_shape=[32, 32]), "resize_shape="),
         (IMAGE, lambda d: _edit_json(d / "config.json", crop_shape=[33, 33]), "crop_shape="),
-        (IMAGE, _features_with_env_state, "input_features="),
         (
             KEYPOINTS,
             lambda d: _edit_json(d / "config.json", noise_scheduler_type="DPMSolver"),
@@ -229,15 +234,16 @@ def test_eval_of_a_lerobot_checkpoint_needs_a_fitting_env(capsys):
 @pytest.mark.skipif(
     not REFERENCE_PYTHON, reason="LEROBOT_REFERENCE_PYTHON (a Python with LeRobot 0.6) not set"
 )
-def test_image_checkpoint_reproduces_lerobot(tmp_path):
+@pytest.mark.parametrize("kind", ["image", "image_keypoints"])
+def test_image_checkpoint_reproduces_lerobot(tmp_path, kind):
     """Regenerates a full image checkpoint with LeRobot and compares conditioning and actions."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     script = REPO / "scripts" / "make_lerobot_fixtures.py"
     subprocess.run(
-        [REFERENCE_PYTHON, str(script), "--kind", "image", "--out", str(tmp_path / "image")],
+        [REFERENCE_PYTHON, str(script), "--kind", kind, "--out", str(tmp_path / kind)],
         check=True,
         env=env,
         cwd=tmp_path,
         timeout=600,
     )
-    _check_against_reference(tmp_path / "image")
+    _check_against_reference(tmp_path / kind)

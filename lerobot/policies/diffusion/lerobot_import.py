@@ -11,13 +11,15 @@ mapped (see docs/lerobot_checkpoints.md for the table):
   `unet.{step_encoder, down, mid, up, final}`; inside the blocks `conv{1,2}.block.<i>` -> `conv{1,2}.<i>`,
   `cond_encoder` -> `film`, `residual_conv` -> `skip`. Conv1d weights `(C_out, C_in, k)` become the
   `(C_out, C_in * k)` matrices of `TemporalConv1d` (a view of the same numbers).
+- Conditioning order: per observation step LeRobot concatenates `[state, image features, env_state]`, this
+  project `[state, env_state, image features]`; with both inputs the columns of every FiLM layer's input
+  weight are reordered to match (`conditioning_order`).
 - Image encoder: the ResNet keeps its names (`backbone.*`, BatchNorm names even where GroupNorm replaced
   it), `pool.nets` -> `pool.keypoint_proj`, `out` -> `out.0`; LeRobot's stored keypoint grid (`pool.pos_grid`)
   is checked against this project's and dropped.
 
 What cannot be mapped is refused with one line naming the field: another policy type or vision backbone,
-image resizing, a separate encoder per camera with several cameras, images together with an environment
-state (LeRobot orders the conditioning differently), quantile normalization, processor steps other than
+image resizing, a separate encoder per camera with several cameras, quantile normalization, processor steps other than
 renaming (empty), batching, device and (un)normalization, and unknown config fields.
 """
 
@@ -33,6 +35,7 @@ from safetensors.torch import load_file
 from lerobot.config import FeatureConfig
 from lerobot.constants import ACTION_KIND, ENV_STATE, STATE, VISUAL
 from lerobot.policies.config import PolicyConfig
+from lerobot.policies.diffusion.modeling import DiffusionPolicy
 from lerobot.policies.factory import make_policy
 from lerobot.policies.normalize import IDENTITY, MEAN_STD, MIN_MAX, Unnormalize
 from lerobot.policies.policy import Policy
@@ -124,6 +127,7 @@ _RENAMES = (
     (r"^rgb_encoder\.out\.", "rgb_encoder.out.0."),
 )
 _POS_GRID = "rgb_encoder.pool.pos_grid"
+_FILM_WEIGHT = re.compile(r"\.film\.1\.weight$")
 _NORMALIZATION_PREFIXES = ("normalize_inputs.", "normalize_targets.", "unnormalize_outputs.")
 
 
@@ -173,13 +177,6 @@ def _check_images(config: dict[str, Any], features: dict[str, FeatureConfig], wh
             "use_separate_rgb_encoder_per_camera",
             True,
             f"{len(images)} cameras share one encoder here; only one camera maps",
-        )
-    if any(f.kind == ENV_STATE for f in features.values()):
-        raise _refuse(
-            where,
-            "input_features",
-            sorted(features),
-            "images together with an environment state are conditioned in another order here",
         )
     crop = config.get("crop_shape")
     if crop is not None:
@@ -311,6 +308,30 @@ def convert_state_dict(
     return out
 
 
+def conditioning_order(policy: DiffusionPolicy) -> torch.Tensor | None:
+    """For each input column of this policy's FiLM layers, the LeRobot column it takes (`(E + S*F,)` with E
+    the step embedding size, S observation steps, F features per step); None when both orders agree
+    (images and an environment state not both present)."""
+    if not (policy.image_keys and policy.env_state_key):
+        return None
+    config = policy.config
+    state = config.state_feature[1]
+    env_state = config.env_state_feature[1]
+    images = len(policy.image_keys) * policy.rgb_encoder.feature_dim
+    # Per step, this project's [state, env_state, images] taken from LeRobot's [state, images, env_state].
+    per_step = torch.cat(
+        [
+            torch.arange(state),
+            torch.arange(state + images, state + images + env_state),
+            torch.arange(state, state + images),
+        ]
+    )
+    width = per_step.numel()
+    steps = [per_step + s * width for s in range(config.n_obs_steps)]
+    embed = config.diffusion_step_embed_dim
+    return torch.cat([torch.arange(embed), *(columns + embed for columns in steps)])
+
+
 def load_policy(directory: Path, policy_cfg: PolicyConfig) -> Policy:
     """This project's policy of `policy_cfg` (converted from the LeRobot config of `directory`) with the
     LeRobot weights and normalization statistics of `directory`."""
@@ -341,6 +362,11 @@ def load_policy(directory: Path, policy_cfg: PolicyConfig) -> Policy:
     own = policy.state_dict()
     grid = policy.rgb_encoder.pool.grid if policy.image_keys else None
     state = convert_state_dict(lerobot_state, own, grid, weights)
+    order = conditioning_order(policy)
+    if order is not None:
+        for name in [k for k in state if _FILM_WEIGHT.search(k)]:
+            if state[name].shape[-1] == order.numel():  # a wrong width is reported by the load below
+                state[name] = state[name][:, order]
     state.update({k: v for k, v in own.items() if k.startswith(_NORMALIZATION_PREFIXES)})
     load_state_checked(policy, state, weights)
     return policy
