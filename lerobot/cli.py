@@ -162,6 +162,18 @@ def _run(main, argv: list[str] | None) -> int:
     except _expected_errors() as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except Exception as e:
+        from lerobot.training.checkpoint import no_space_error
+
+        full = no_space_error(e)
+        if full is None:
+            raise
+        # A full disk (or file size limit) anywhere else than in a checkpoint save, which says more itself.
+        print(
+            f"error: {full.strerror} writing {full.filename or 'a file'}: free space and run again",
+            file=sys.stderr,
+        )
+        return 2
 
 
 # ----------------------------------------------------------------------------------------------- train
@@ -259,17 +271,6 @@ def _with_eval_overrides(cfg: DictConfig, overrides: list[str], search_path: Seq
     return validate_config(cfg)
 
 
-def _check_features(trained: DictConfig, current: DictConfig) -> None:
-    """A checkpoint only runs on an env that produces the features it was trained on."""
-    want = {k: list(v.shape) for k, v in env_config(trained).features.items()}
-    have = {k: list(v.shape) for k, v in env_config(current).features.items()}
-    if want != have:
-        raise ConfigError(
-            f"the checkpoint was trained on env {trained.env.name!r} with features {want}, but env "
-            f"{current.env.name!r} provides {have}; evaluate it with env={trained.env.name}"
-        )
-
-
 def _eval(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(description="Evaluate a checkpoint or a baseline policy.")
     parser.add_argument(
@@ -284,7 +285,7 @@ def _eval(argv: list[str] | None) -> int:
 
     from lerobot.policies.factory import make_policy, make_policy_config
     from lerobot.policies.pretrained import check_env_features, load_weights, pretrained_dir, read_spec
-    from lerobot.training.checkpoint import CONFIG_FILE, load_config, load_policy, resolve_checkpoint_dir
+    from lerobot.training.checkpoint import CONFIG_FILE, check_features, load_policy, resolve_checkpoint_dir
     from lerobot.training.common import evaluate, resolve_device, set_seed
 
     run_checkpoint = args.checkpoint is not None and (args.checkpoint / CONFIG_FILE).exists()
@@ -298,7 +299,7 @@ def _eval(argv: list[str] | None) -> int:
     elif args.checkpoint is not None:
         ckpt = resolve_checkpoint_dir(args.checkpoint)
         cfg = checkpoint_config(ckpt, args.overrides, search_path=args.config_dir)
-        _check_features(load_config(ckpt), cfg)
+        check_features(ckpt, cfg)  # before building anything: one line naming the feature and both shapes
         device = resolve_device(cfg.device)
         policy, _ = load_policy(ckpt, device=device, cfg=cfg)
     else:
