@@ -154,6 +154,28 @@ def test_a_different_spatial_softmax_grid_is_refused(tmp_path):
         load_pretrained(directory)
 
 
+def test_a_compiled_unet_checkpoint_loads_the_same(tmp_path):
+    """`compile_model: true` saves the U-Net under torch.compile's `_orig_mod` wrapper name."""
+    directory = tmp_path / "pretrained_model"
+    shutil.copytree(KEYPOINTS / "pretrained_model", directory)
+    _edit_json(directory / "config.json", compile_model=True)
+    weights = load_file(directory / MODEL_FILE)
+    save_file(
+        {k.replace("diffusion.unet.", "diffusion.unet._orig_mod."): v for k, v in weights.items()},
+        directory / MODEL_FILE,
+    )
+    raw = {
+        k.removeprefix("raw."): v
+        for k, v in load_file(KEYPOINTS / "reference.safetensors").items()
+        if k.startswith("raw.")
+    }
+    chunks = [
+        load_pretrained(d).predict_action_chunk(raw, generator=torch.Generator().manual_seed(0))
+        for d in (directory, KEYPOINTS)
+    ]
+    assert torch.equal(*chunks)
+
+
 def _edit_json(path: Path, **changes) -> None:
     data = json.loads(path.read_text())
     data.update(changes)
