@@ -71,6 +71,7 @@ def describe_device(device: torch.device) -> str:
 # A CPU run whose measured pace puts its end further away than this gets a warning naming `CPU_RECIPE`.
 CPU_WARN_HOURS = 6.0
 CPU_RECIPE = "+experiment=diffusion_pusht_keypoints_cpu"
+GPU_RECIPE = "+experiment=diffusion_pusht_gpu"
 
 
 def cpu_run_warning(step_s: float, steps_left: int) -> str | None:
@@ -81,8 +82,8 @@ def cpu_run_warning(step_s: float, steps_left: int) -> str | None:
         return None
     return (
         f"on the CPU this run takes about {hours:,.0f} hours ({step_s:.2f} s per step, {steps_left:,} steps "
-        f"left); the paper-size models need a GPU. A recipe sized for a CPU: {CPU_RECIPE} (Diffusion Policy on "
-        "PushT keypoints, under an hour on 2 cores); or lower training.steps"
+        f"left); the paper-size models need a GPU ({GPU_RECIPE}). A recipe sized for a CPU: {CPU_RECIPE} "
+        "(Diffusion Policy on PushT keypoints, under an hour on 2 cores); or lower training.steps"
     )
 
 
