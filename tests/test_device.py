@@ -32,9 +32,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import lerobot.training.offline as offline
 import lerobot.training.online as online
 from lerobot.cli import compose_config, train_main
-from lerobot.config import ConfigError
+from lerobot.config import ConfigError, env_config
 from lerobot.policies.diffusion.fast_inference import FastInferenceConfig, fast_inference_context
 from lerobot.policies.diffusion.modeling import DiffusionPolicy
+from lerobot.policies.factory import make_policy, make_policy_config
 from lerobot.training.common import CPU_RECIPE, cpu_run_warning, resolve_device
 from lerobot.training.loop import StepMetrics, TrainingLoop, TrainStep
 from lerobot.training.replay_buffer import ReplayBuffer
@@ -245,6 +246,17 @@ def test_tdmpc_training_and_planning_follow_the_weights():
         policy.reset()
         prior = policy.select_action(obs)
     assert_on_cpu(*output.values(), first, second, prior)
+
+
+@pytest.mark.parametrize(("name", "env"), [("random", "pusht_keypoints"), ("scripted", "pusht")])
+def test_baselines_follow_the_weights(name, env):
+    cfg = compose_config([f"policy={name}", f"env={env}"])
+    env_cfg = env_config(cfg)
+    policy = make_policy(make_policy_config(cfg.policy, env_cfg)).eval()
+    obs = {k: torch.rand(2, *f.shape) for k, f in env_cfg.input_features().items()}
+    with default_device_trap():
+        actions = [policy.select_action(obs) for _ in range(2)]
+    assert_on_cpu(*actions)
 
 
 # ----------------------------------------------------------------------------------------- selection
