@@ -181,6 +181,30 @@ def test_step_metrics_accumulate_on_the_device_and_name_the_first_bad_update():
     assert ok.pop() == {} and ok.count == 0
 
 
+def test_a_divergence_found_at_log_time_names_its_step_and_keeps_the_last_good_checkpoint(
+    tmp_path, data_args, monkeypatch, capsys
+):
+    real_forward = DiffusionPolicy.forward
+    calls = {"n": 0}
+
+    def nan_on_fifth(self, batch):
+        calls["n"] += 1
+        out = real_forward(self, batch)
+        if calls["n"] == 5:
+            out["loss"] = out["loss"] * float("nan")
+        return out
+
+    monkeypatch.setattr(DiffusionPolicy, "forward", nan_on_fifth)
+    args = [*TINY_OFFLINE, "env=pusht_keypoints", *data_args, "training.steps=8", "training.log_freq=3"]
+    assert train_main([*args, "training.save_freq=2", "eval.freq=0", f"output_dir={tmp_path}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    # Found at the step-6 log, named at step 5; checkpoint 4 holds the weights that gave it.
+    assert "loss is nan at step 5" in err and "000000004 holds the weights that gave it" in err, err
+    assert calls["n"] == 6
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["000000002", "000000004", "last"]
+    assert (tmp_path / "checkpoints" / "last").resolve().name == "000000002"
+
+
 # ----------------------------------------------------------------------- tensors follow the weights
 @contextlib.contextmanager
 def default_device_trap() -> Iterator[None]:

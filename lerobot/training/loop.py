@@ -84,6 +84,7 @@ class StepMetrics:
         self.sums: Tensor | None = None
         self.losses: Tensor | None = None
         self.where: list[str] = []  # the label of each update of the window, as given to `add`
+        self.total = 0  # updates added since this object was made, windows before this one included
         self._checked = 0  # updates of the window already known to have a finite loss
 
     @property
@@ -107,6 +108,7 @@ class StepMetrics:
         self.sums += values
         self.losses[n] = values[self.keys.index("loss")]
         self.where.append(where)
+        self.total += 1
 
     def _host_values(self) -> tuple[list[float], list[float]]:
         """(sums, losses of this window) on the host, in one device-to-host copy."""
@@ -117,9 +119,9 @@ class StepMetrics:
     def _raise_if_diverged(self, losses: list[float]) -> None:
         for i in range(self._checked, len(losses)):
             if not math.isfinite(losses[i]):
+                first_of_window = self.total - self.count
                 raise TrainingDivergedError(
-                    f"loss is {losses[i]} at {self.where[i]}; stopping. The run's last good checkpoint (if one "
-                    "was saved) is checkpoints/last; lower the learning rate or training.grad_clip_norm"
+                    f"loss is {losses[i]} at {self.where[i]}; stopping", update=first_of_window + i + 1
                 )
         self._checked = len(losses)
 
@@ -190,6 +192,15 @@ class TrainStep:
         output = {**{k: v.detach() for k, v in output.items()}, "grad_norm": grad_norm}
         self.metrics.add(output, where)
         return output
+
+    def advice(self) -> str:
+        """What to change when this update diverges (gradients are already clipped, so not that)."""
+        amp = "train in fp32 (training.use_amp=false), " if self.use_amp else ""
+        return (
+            f"the gradients were already clipped to training.grad_clip_norm={self.grad_clip_norm}: {amp}lower "
+            f"the learning rate (policy.optimizer_lr, now {self.optimizer.defaults['lr']:g}) and check the "
+            "dataset statistics (a feature with a near-zero std blows up its normalized values)"
+        )
 
     @property
     def lr(self) -> float:

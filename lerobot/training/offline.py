@@ -21,8 +21,10 @@ from lerobot.policies.config import PolicyConfig
 from lerobot.policies.factory import make_policy, make_policy_config
 from lerobot.policies.online_policy import OnlinePolicy
 from lerobot.policies.policy import Policy
+from lerobot.policies.pretrained import write_hub_config
 from lerobot.training.checkpoint import get_rng_state, load_training_state, save_checkpoint, set_rng_state
 from lerobot.training.common import CpuPace, resolve_device, set_seed, setup_run
+from lerobot.training.divergence import DivergenceGuard
 from lerobot.training.loop import TrainingLoop, TrainStep, to_device
 
 log = logging.getLogger(__name__)
@@ -88,7 +90,8 @@ class _LogWindow:
 
 
 def save(run_dir: Path, step: int, policy: Policy, update: TrainStep, cfg: DictConfig) -> None:
-    """Checkpoint `step`: the EMA weights (when used) as the model, everything `restore` needs besides."""
+    """Checkpoint `step`: the EMA weights (when used) as the model, everything `restore` needs besides, and
+    `config.json`, which makes the checkpoint directory a hub-layout pretrained directory too."""
     training_state = {
         "model": policy.state_dict(),
         "optimizer": update.optimizer.state_dict(),
@@ -99,7 +102,9 @@ def save(run_dir: Path, step: int, policy: Policy, update: TrainStep, cfg: DictC
     }
     with update.averaged_weights():
         model = {k: v.clone() for k, v in policy.state_dict().items()}
-    save_checkpoint(run_dir, step, policy, cfg, training_state, eval_state_dict=model)
+    ckpt = save_checkpoint(run_dir, step, policy, cfg, training_state, eval_state_dict=model)
+    # With config.json next to model.safetensors the checkpoint is also a hub-layout pretrained directory.
+    write_hub_config(ckpt, policy.config, env_config(cfg))
 
 
 def restore(ckpt_dir: Path, policy: Policy, update: TrainStep) -> tuple[int, dict[str, Any]]:
@@ -146,14 +151,18 @@ def train_offline(cfg: DictConfig, progress: bool = True) -> Path:
 
     window = _LogWindow(batch_size)
     pace = CpuPace(device, cfg.training.steps - step)
-    with TrainingLoop(
-        cfg, run_dir, start=step, resumed=resume_from is not None, unit="step", progress=progress
-    ) as loop:
+    with (
+        TrainingLoop(
+            cfg, run_dir, start=step, resumed=resume_from is not None, unit="step", progress=progress
+        ) as loop,
+        DivergenceGuard(run_dir, update.advice()) as guard,
+    ):
         while loop.running:
             t0 = time.perf_counter()
             batch = to_device(next(batches), device)
             window.add(data_s=time.perf_counter() - t0)
             update(batch, where=f"step {loop.step + 1}")  # queues the work; reads nothing back
+            guard.updated()
             pace.step()
             due = loop.advance(1)
 
@@ -164,6 +173,7 @@ def train_offline(cfg: DictConfig, progress: bool = True) -> Path:
                 update.metrics.check_finite()  # never save or evaluate diverged weights
             if due.checkpoint:
                 save(run_dir, loop.step, policy, update, cfg)
+                guard.saved(loop.step)
             if due.eval:
                 with update.averaged_weights():
                     loop.evaluate(policy)
