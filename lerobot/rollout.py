@@ -22,11 +22,14 @@ Exactness rules:
 
 from __future__ import annotations
 
+import contextlib
 import math
 import multiprocessing
 import os
+import signal
 import tempfile
 import time
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -37,6 +40,7 @@ from gymnasium.vector import AsyncVectorEnv, SyncVectorEnv, VectorEnv
 from tqdm.auto import tqdm
 
 from lerobot.constants import EVAL_SCHEDULES
+from lerobot.envs import close_now
 from lerobot.envs.observation import observation_to_batch
 from lerobot.policies.policy import Policy
 
@@ -46,8 +50,19 @@ from lerobot.policies.policy import Policy
 ASYNC_RESET_TIMEOUT_S = 120.0
 
 
-class EnvWorkerError(RuntimeError):
-    """An async env worker died or stopped answering."""
+_NO_SLOTS = np.zeros(0, dtype=np.int64)
+
+
+class RolloutError(RuntimeError):
+    """Evaluation cannot go on; the message names the env slot or worker and what to do."""
+
+
+class EnvWorkerError(RolloutError):
+    """An async env worker died or stopped answering (its workers are killed, its env closed)."""
+
+
+class NonFiniteActionError(RolloutError):
+    """The policy returned a NaN or infinite action; it was not sent to the env."""
 
 
 def policy_device(policy: torch.nn.Module) -> torch.device:
@@ -57,33 +72,51 @@ def policy_device(policy: torch.nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        return f"killed by {signal.Signals(-code).name}"
+    return f"exit code {code}"
+
+
+@contextlib.contextmanager
+def _worker_call(env: AsyncVectorEnv, what: str, timeout_s: float | None) -> Iterator[None]:
+    """Turn a dead worker, or one silent for `timeout_s`, during `what` into one `EnvWorkerError` naming it."""
+    try:
+        yield
+    except (EOFError, BrokenPipeError, ConnectionResetError) as e:
+        dead = [(i, p) for i, p in enumerate(env.processes) if not p.is_alive()]
+        who = ", ".join(f"env worker {i} (pid {p.pid}, {_describe_exit(p.exitcode)})" for i, p in dead)
+        raise EnvWorkerError(
+            f"{who or 'an env worker'} of {env.num_envs} died during {what} ({type(e).__name__}); "
+            "out of memory (see `dmesg`) or killed: rerun, or use fewer envs (eval.batch_size)"
+        ) from None
+    except (TimeoutError, multiprocessing.TimeoutError):  # gymnasium raises the latter
+        # Workers that answered have their reply waiting in their pipe; the silent ones do not.
+        silent = [i for i, pipe in enumerate(env.parent_pipes) if pipe is not None and not pipe.poll(0)]
+        who = ", ".join(f"env worker {i} (pid {env.processes[i].pid})" for i in silent)
+        raise EnvWorkerError(
+            f"{who or 'an env worker'} of {env.num_envs} did not answer a {what} within {timeout_s:.0f} s "
+            "(stopped or stuck); if its steps are only slow, raise eval.step_timeout_s"
+        ) from None
+
+
 def _step(env: VectorEnv, action: np.ndarray, timeout_s: float | None = None):
     if not isinstance(env, AsyncVectorEnv):
         return env.step(action)
-    try:
+    with _worker_call(env, "step", timeout_s):
         env.step_async(action)
         return env.step_wait(timeout=timeout_s)
-    except (EOFError, BrokenPipeError, ConnectionResetError) as e:
-        raise EnvWorkerError(
-            f"an env worker process died during step ({type(e).__name__}); see its log above"
-        ) from None
-    except (TimeoutError, multiprocessing.TimeoutError):  # gymnasium raises the latter
-        raise EnvWorkerError(f"an env worker did not answer a step within {timeout_s:.0f} s") from None
 
 
 def _reset(env: VectorEnv, seeds: list[int | None], mask: np.ndarray | None):
     options = None if mask is None else {"reset_mask": mask}
     if not isinstance(env, AsyncVectorEnv):
         return env.reset(seed=seeds, options=options)
-    try:
+    with _worker_call(env, "reset", ASYNC_RESET_TIMEOUT_S):
         env.reset_async(seed=seeds, options=options)
         return env.reset_wait(timeout=ASYNC_RESET_TIMEOUT_S)
-    except (EOFError, BrokenPipeError, ConnectionResetError) as e:
-        raise EnvWorkerError(f"an env worker process died during reset ({type(e).__name__})") from None
-    except (TimeoutError, multiprocessing.TimeoutError):  # gymnasium raises the latter
-        raise EnvWorkerError(
-            f"an env worker did not answer a reset within {ASYNC_RESET_TIMEOUT_S:.0f} s"
-        ) from None
 
 
 def _success(info: dict[str, Any], num_envs: int) -> np.ndarray:
@@ -104,7 +137,9 @@ def _render(env: VectorEnv, slots: list[int]) -> list[np.ndarray]:
     """RGB frames of `slots`; a sync env renders only those, an async one renders in its workers."""
     if isinstance(env, SyncVectorEnv):
         return [env.envs[s].render() for s in slots]
-    images = env.call("render")
+    with _worker_call(env, "render", ASYNC_RESET_TIMEOUT_S):
+        env.call_async("render")
+        images = env.call_wait(timeout=ASYNC_RESET_TIMEOUT_S)
     return [images[s] for s in slots]
 
 
@@ -293,27 +328,35 @@ def eval_policy(
     episodes = _Episodes(n_episodes, start_seed, num_envs)
     videos = _Videos(env, videos_dir, max_episodes_rendered)
 
-    def start(slots: np.ndarray) -> Any:
-        """Reset `slots` into their next episodes, with fresh policy state for them."""
-        mask = None if slots.size == num_envs else _mask(num_envs, slots)
-        new_obs, _ = _reset(env, episodes.start(slots, vector_step), mask)
-        policy.reset(slots)
-        videos.start(episodes, slots)
+    def reset(begin: np.ndarray, idle: np.ndarray = _NO_SLOTS) -> Any:
+        """One reset: `begin` slots start their next episodes (fresh policy state), `idle` slots filler
+        episodes. An idle slot keeps its policy state, so its queue keeps the other slots' chunk phase."""
+        seeds = episodes.start(begin, vector_step)
+        for slot, seed in enumerate(episodes.idle_seeds(idle)):
+            if seed is not None:
+                seeds[slot] = seed
+        slots = np.union1d(begin, idle)
+        new_obs, _ = _reset(env, seeds, None if slots.size == num_envs else _mask(num_envs, slots))
+        if begin.size:
+            policy.reset(begin)
+            videos.start(episodes, begin)
         return new_obs
 
     vector_step = busy_steps = 0
-    waiting = np.zeros(0, dtype=np.int64)  # refill_aligned: slots that start at the next chunk step
+    waiting = _NO_SLOTS  # refill_aligned: slots that start at the next chunk step
     start_time = time.perf_counter()
     bar = tqdm(total=n_episodes, desc="eval episodes", disable=not progress, leave=False)
     try:
-        obs = start(np.arange(num_envs))
+        obs = reset(np.arange(num_envs))
         while not episodes.done:
             if waiting.size and (episodes.n_active == 0 or policy.steps_until_chunk() == 0):
-                obs, waiting = start(waiting), waiting[:0]
+                obs, waiting = reset(waiting), _NO_SLOTS
             # Between chunks a policy that keeps no history reads no observation: skip converting it
             # (the rule `Policy.select_action` checks for a None batch).
             needs_obs = policy.n_obs_steps > 1 or policy.steps_until_chunk() == 0
             action = policy.select_action(observation_to_batch(obs, device) if needs_obs else None).numpy()
+            if not np.isfinite(action).all():  # (B, action_dim) on the CPU: a few microseconds
+                raise NonFiniteActionError(_non_finite_message(action, episodes, vector_step))
             obs, reward, terminated, truncated, info = _step(env, action, step_timeout_s)
             vector_step += 1
             busy_steps += episodes.n_active
@@ -323,26 +366,36 @@ def eval_policy(
             done = terminated | truncated
             if not done.any():
                 continue
-            finished = np.flatnonzero(done & (episodes.slot_episode >= 0))
-            if finished.size == 0:
-                continue
-            videos.finish(episodes.finish(finished, vector_step))
-            bar.update(finished.size)
-            if episodes.done:
-                break
+            ended = np.flatnonzero(done)
+            # Idle slots step too, and their filler episodes end as well: with autoreset disabled such a
+            # slot cannot step again before a reset, so every ended slot is reset below.
+            finished = ended[episodes.slot_episode[ended] >= 0]
+            if finished.size:
+                videos.finish(episodes.finish(finished, vector_step))
+                bar.update(finished.size)
+                if episodes.done:
+                    break
             # When the finished slots start their next episode (see the module docstring).
-            if schedule == "refill" or (
-                schedule == "refill_aligned" and (episodes.n_active == 0 or policy.steps_until_chunk() == 0)
+            if finished.size and (
+                schedule == "refill"
+                or (
+                    schedule == "refill_aligned"
+                    and (episodes.n_active == 0 or policy.steps_until_chunk() == 0)
+                )
             ):
-                obs, waiting = start(np.union1d(finished, waiting)), waiting[:0]
-            elif schedule == "batch" and episodes.n_active == 0:
-                obs = start(np.arange(num_envs))
+                begin = np.union1d(finished, waiting)
+                obs, waiting = reset(begin, np.setdiff1d(ended, begin)), _NO_SLOTS
+            elif finished.size and schedule == "batch" and episodes.n_active == 0:
+                obs = reset(np.arange(num_envs))
             else:
-                # Idle until then: reset so the slot stays steppable. Its policy state is kept, so its
-                # queue keeps the other slots' chunk phase.
-                obs, _ = _reset(env, episodes.idle_seeds(finished), _mask(num_envs, finished))
+                obs = reset(_NO_SLOTS, ended)  # idle until then
                 if schedule == "refill_aligned" and not episodes.all_started:
                     waiting = np.union1d(waiting, finished)
+    except (EnvWorkerError, KeyboardInterrupt):
+        # A dead, stopped or interrupted worker never answers gymnasium's close(), which would wait on it
+        # forever (and keep a Ctrl-C from ending the program): kill the workers now.
+        close_now(env)
+        raise
     finally:
         bar.close()
     video_paths = videos.close()
@@ -359,6 +412,22 @@ def eval_policy(
         "slot_utilization": busy_steps / total_steps if total_steps else math.nan,
     }
     return {"per_episode": episodes.per_episode(), "aggregated": aggregated, "video_paths": video_paths}
+
+
+def _non_finite_message(action: np.ndarray, episodes: _Episodes, vector_step: int) -> str:
+    """Name the first env slot whose (action_dim,) action in the (B, action_dim) `action` is not finite."""
+    slot = int(np.flatnonzero(~np.isfinite(action.reshape(action.shape[0], -1)).all(axis=1))[0])
+    episode = int(episodes.slot_episode[slot])
+    where = (
+        f"episode {episode} (seed {episodes.start_seed + episode}) at its step "
+        f"{vector_step - episodes.slot_start[slot] + 1}"
+        if episode >= 0
+        else f"an idle slot at vector step {vector_step + 1}"
+    )
+    return (
+        f"the policy returned a non-finite action {action[slot].tolist()} for env slot {slot}, {where}; "
+        "it was not sent to the env. Check the checkpoint (a diverged run?) and its normalization stats"
+    )
 
 
 def _mask(num_envs: int, slots: np.ndarray) -> np.ndarray:

@@ -1,6 +1,27 @@
-"""Environments: the vector-env factory, the observation-key wrapper and the observation -> batch conversion."""
+"""Environments: the vector-env factory, the observation-key wrapper and the observation -> batch conversion.
 
-from lerobot.envs.factory import make_env, make_single_env, resolve_use_async
-from lerobot.envs.observation import BatchKeyObservation, observation_to_batch
+Importing this package does not import torch (`observation_to_batch` loads on first use): async env
+workers import it to build their env and must stay torch-free (see `lerobot.envs.worker`).
+"""
 
-__all__ = ["BatchKeyObservation", "make_env", "make_single_env", "observation_to_batch", "resolve_use_async"]
+from typing import Any
+
+from lerobot.envs.factory import close_now, make_env, make_single_env, resolve_use_async
+from lerobot.envs.worker import BatchKeyObservation
+
+__all__ = [
+    "BatchKeyObservation",
+    "close_now",
+    "make_env",
+    "make_single_env",
+    "observation_to_batch",
+    "resolve_use_async",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "observation_to_batch":
+        from lerobot.envs.observation import observation_to_batch
+
+        return observation_to_batch
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

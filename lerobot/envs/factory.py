@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 
 from lerobot.config import ConfigError, EnvConfig
 from lerobot.constants import VISUAL
-from lerobot.envs.observation import BatchKeyObservation
+from lerobot.envs.worker import build_env
 
 log = logging.getLogger(__name__)
 
@@ -27,30 +27,10 @@ log = logging.getLogger(__name__)
 _START_METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 
 
-def _make_single_env(
-    gym_id: str,
-    max_episode_steps: int,
-    gym_kwargs: dict,
-    render_mode: str | None,
-    observation_keys: dict[str, str],
-) -> gym.Env:
-    """Create one env with batch-keyed observations; runs inside async workers too, so it imports the
-    env's package itself."""
-    namespace = gym_id.split("/")[0] if "/" in gym_id else None
-    if namespace is not None:
-        # Registering the namespace (e.g. `gym_pusht`) is a side effect of importing its package.
-        importlib.import_module(namespace)
-    kwargs = dict(gym_kwargs)
-    if render_mode is not None:
-        kwargs["render_mode"] = render_mode
-    env = gym.make(gym_id, max_episode_steps=max_episode_steps, disable_env_checker=True, **kwargs)
-    return BatchKeyObservation(env, observation_keys)
-
-
 def make_single_env(env_cfg: EnvConfig, render_mode: str | None = None) -> gym.Env:
     """One env of `env_cfg` (time limit, observations keyed by batch keys), outside any vector env."""
     _check_env_config(env_cfg)
-    return _make_single_env(
+    return build_env(
         env_cfg.gym_id,
         env_cfg.max_episode_steps,
         dict(env_cfg.gym_kwargs),
@@ -122,7 +102,7 @@ def make_env(
         raise ConfigError(f"n_envs={n_envs} must be >= 1")
     _check_env_config(env_cfg)
     fn = functools.partial(
-        _make_single_env,
+        build_env,  # pickled into every async worker: lives in a torch-free module
         env_cfg.gym_id,
         env_cfg.max_episode_steps,
         dict(env_cfg.gym_kwargs),
@@ -140,6 +120,35 @@ def make_env(
         env.close()
         raise
     return env
+
+
+# How long `close_now` waits for a killed worker to be reaped; SIGKILL ends even a stopped process at once.
+_REAP_TIMEOUT_S = 5.0
+
+
+def close_now(env: VectorEnv) -> None:
+    """Close `env` without waiting on its workers: SIGKILL every async worker, reap it, close its pipes.
+
+    For an async env whose workers may be dead, stopped (SIGSTOP) or in the middle of a call: gymnasium's
+    `close()` then waits on their pipes forever, and its `close(terminate=True)` sends SIGTERM, which a
+    stopped process never acts on. A sync env is closed the ordinary way. Afterwards `env.close()` is a
+    no-op, so a caller's `finally: env.close()` returns at once.
+    """
+    base = env.unwrapped
+    if not isinstance(base, AsyncVectorEnv):
+        env.close()
+        return
+    if base.closed:
+        return
+    for process in base.processes:
+        if process.is_alive():
+            process.kill()
+    for process in base.processes:
+        process.join(_REAP_TIMEOUT_S)
+    for pipe in base.parent_pipes:
+        if pipe is not None:
+            pipe.close()
+    base.closed = True
 
 
 def measure_vector_steps_per_s(env_cfg: EnvConfig, n_envs: int, use_async: bool, n_steps: int = 40) -> float:
