@@ -102,7 +102,8 @@ def _hydra_message(e: Exception, dirs: Sequence[Path]) -> str:
 
 
 def _expected_errors() -> tuple[type[BaseException], ...]:
-    from lerobot.rollout import EnvWorkerError
+    from lerobot.envs.faults import EnvWorkerError
+    from lerobot.rollout import NonFiniteActionError
     from lerobot.training.checkpoint import CheckpointError
     from lerobot.training.common import TrainingDivergedError
 
@@ -110,6 +111,7 @@ def _expected_errors() -> tuple[type[BaseException], ...]:
         ConfigError,
         CheckpointError,
         EnvWorkerError,
+        NonFiniteActionError,
         TrainingDivergedError,
         FileNotFoundError,
     ]

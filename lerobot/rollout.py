@@ -22,14 +22,10 @@ Exactness rules:
 
 from __future__ import annotations
 
-import contextlib
 import math
-import multiprocessing
 import os
-import signal
 import tempfile
 import time
-from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -40,28 +36,22 @@ from gymnasium.vector import AsyncVectorEnv, SyncVectorEnv, VectorEnv
 from tqdm.auto import tqdm
 
 from lerobot.constants import EVAL_SCHEDULES
-from lerobot.envs import close_now
+from lerobot.envs.faults import EnvWorkerError, close_now, worker_call
 from lerobot.envs.observation import observation_to_batch
 from lerobot.policies.policy import Policy
 
-# A reset that takes longer than this means a worker hangs; fail instead of waiting forever. Steps wait
-# without a timeout unless `eval_policy(step_timeout_s=...)` asks for one: gymnasium enforces it by polling
-# every worker's pipe each step, which slows every step (docs/evaluation.md).
+# A reset (or render) that takes longer than this means a worker hangs; fail instead of waiting forever.
+# Steps wait without a timeout unless `eval_policy(step_timeout_s=...)` asks for one (which then bounds
+# resets and renders too): gymnasium enforces it by polling every worker's pipe each step, which slows
+# every step (docs/evaluation.md).
 ASYNC_RESET_TIMEOUT_S = 120.0
+_SLOW_HINT = "; if it is only slow, raise eval.step_timeout_s"
 
 
 _NO_SLOTS = np.zeros(0, dtype=np.int64)
 
 
-class RolloutError(RuntimeError):
-    """Evaluation cannot go on; the message names the env slot or worker and what to do."""
-
-
-class EnvWorkerError(RolloutError):
-    """An async env worker died or stopped answering (its workers are killed, its env closed)."""
-
-
-class NonFiniteActionError(RolloutError):
+class NonFiniteActionError(ValueError):
     """The policy returned a NaN or infinite action; it was not sent to the env."""
 
 
@@ -72,51 +62,21 @@ def policy_device(policy: torch.nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
-def _describe_exit(code: int | None) -> str:
-    if code is None:
-        return "still running"
-    if code < 0:
-        return f"killed by {signal.Signals(-code).name}"
-    return f"exit code {code}"
-
-
-@contextlib.contextmanager
-def _worker_call(env: AsyncVectorEnv, what: str, timeout_s: float | None) -> Iterator[None]:
-    """Turn a dead worker, or one silent for `timeout_s`, during `what` into one `EnvWorkerError` naming it."""
-    try:
-        yield
-    except (EOFError, BrokenPipeError, ConnectionResetError) as e:
-        dead = [(i, p) for i, p in enumerate(env.processes) if not p.is_alive()]
-        who = ", ".join(f"env worker {i} (pid {p.pid}, {_describe_exit(p.exitcode)})" for i, p in dead)
-        raise EnvWorkerError(
-            f"{who or 'an env worker'} of {env.num_envs} died during {what} ({type(e).__name__}); "
-            "out of memory (see `dmesg`) or killed: rerun, or use fewer envs (eval.batch_size)"
-        ) from None
-    except (TimeoutError, multiprocessing.TimeoutError):  # gymnasium raises the latter
-        # Workers that answered have their reply waiting in their pipe; the silent ones do not.
-        silent = [i for i, pipe in enumerate(env.parent_pipes) if pipe is not None and not pipe.poll(0)]
-        who = ", ".join(f"env worker {i} (pid {env.processes[i].pid})" for i in silent)
-        raise EnvWorkerError(
-            f"{who or 'an env worker'} of {env.num_envs} did not answer a {what} within {timeout_s:.0f} s "
-            "(stopped or stuck); if its steps are only slow, raise eval.step_timeout_s"
-        ) from None
-
-
 def _step(env: VectorEnv, action: np.ndarray, timeout_s: float | None = None):
     if not isinstance(env, AsyncVectorEnv):
         return env.step(action)
-    with _worker_call(env, "step", timeout_s):
+    with worker_call(env, "step", timeout_s, _SLOW_HINT):
         env.step_async(action)
         return env.step_wait(timeout=timeout_s)
 
 
-def _reset(env: VectorEnv, seeds: list[int | None], mask: np.ndarray | None):
+def _reset(env: VectorEnv, seeds: list[int | None], mask: np.ndarray | None, timeout_s: float):
     options = None if mask is None else {"reset_mask": mask}
     if not isinstance(env, AsyncVectorEnv):
         return env.reset(seed=seeds, options=options)
-    with _worker_call(env, "reset", ASYNC_RESET_TIMEOUT_S):
+    with worker_call(env, "reset", timeout_s, _SLOW_HINT):
         env.reset_async(seed=seeds, options=options)
-        return env.reset_wait(timeout=ASYNC_RESET_TIMEOUT_S)
+        return env.reset_wait(timeout=timeout_s)
 
 
 def _success(info: dict[str, Any], num_envs: int) -> np.ndarray:
@@ -133,13 +93,13 @@ def _success(info: dict[str, Any], num_envs: int) -> np.ndarray:
     return success
 
 
-def _render(env: VectorEnv, slots: list[int]) -> list[np.ndarray]:
+def _render(env: VectorEnv, slots: list[int], timeout_s: float) -> list[np.ndarray]:
     """RGB frames of `slots`; a sync env renders only those, an async one renders in its workers."""
     if isinstance(env, SyncVectorEnv):
         return [env.envs[s].render() for s in slots]
-    with _worker_call(env, "render", ASYNC_RESET_TIMEOUT_S):
+    with worker_call(env, "render", timeout_s, _SLOW_HINT):
         env.call_async("render")
-        images = env.call_wait(timeout=ASYNC_RESET_TIMEOUT_S)
+        images = env.call_wait(timeout=timeout_s)
     return [images[s] for s in slots]
 
 
@@ -255,10 +215,10 @@ class _Episodes:
 class _Videos:
     """Frames of the first `max_episodes` episodes, each written to mp4 by a background thread when it ends."""
 
-    def __init__(self, env: VectorEnv, videos_dir: Path | str | None, max_episodes: int):
+    def __init__(self, env: VectorEnv, videos_dir: Path | str | None, max_episodes: int, timeout_s: float):
         if max_episodes > 0 and videos_dir is None:
             raise ValueError("max_episodes_rendered > 0 needs a videos_dir")
-        self.env, self.max_episodes = env, max_episodes
+        self.env, self.max_episodes, self.timeout_s = env, max_episodes, timeout_s
         self.dir = Path(videos_dir) if videos_dir is not None else None
         if self.dir is not None:
             self.dir.mkdir(parents=True, exist_ok=True)
@@ -278,7 +238,7 @@ class _Videos:
         """Add the current frame of each recorded episode running in `slots`."""
         recording = [s for s in slots if episodes.slot_episode[s] in self.frames]
         if recording:
-            for slot, image in zip(recording, _render(self.env, recording)):
+            for slot, image in zip(recording, _render(self.env, recording, self.timeout_s)):
                 self.frames[int(episodes.slot_episode[slot])].append(np.asarray(image))
 
     def finish(self, finished: np.ndarray) -> None:
@@ -315,7 +275,11 @@ def eval_policy(
     "env_steps_per_s", "slot_utilization"}, "video_paths": [...]}` with episodes ordered by index.
     `slot_utilization` is busy env-steps / total env-steps (idle slots waiting for others count as waste).
     With an `AsyncVectorEnv`, a dead worker raises `EnvWorkerError` at once; a hung one does so after
-    `step_timeout_s` if given (checking costs time every step, see `ASYNC_RESET_TIMEOUT_S`).
+    `step_timeout_s` if given (checking costs time every step; resets and renders wait at most
+    `step_timeout_s`, else `ASYNC_RESET_TIMEOUT_S`). On such an error, and on Ctrl-C, every worker of `env`
+    is killed and `env` is closed (`close_now`), so no call waits on a worker that will never answer.
+    A NaN or infinite action raises `NonFiniteActionError` naming the env slot, episode and step; it is
+    never sent to the env. Works with every gymnasium autoreset mode.
     """
     if n_episodes <= 0:
         raise ValueError(f"n_episodes={n_episodes} must be > 0")
@@ -326,7 +290,8 @@ def eval_policy(
     policy.eval()
     policy.reset()
     episodes = _Episodes(n_episodes, start_seed, num_envs)
-    videos = _Videos(env, videos_dir, max_episodes_rendered)
+    call_timeout_s = ASYNC_RESET_TIMEOUT_S if step_timeout_s is None else step_timeout_s
+    videos = _Videos(env, videos_dir, max_episodes_rendered, call_timeout_s)
 
     def reset(begin: np.ndarray, idle: np.ndarray = _NO_SLOTS) -> Any:
         """One reset: `begin` slots start their next episodes (fresh policy state), `idle` slots filler
@@ -336,7 +301,8 @@ def eval_policy(
             if seed is not None:
                 seeds[slot] = seed
         slots = np.union1d(begin, idle)
-        new_obs, _ = _reset(env, seeds, None if slots.size == num_envs else _mask(num_envs, slots))
+        mask = None if slots.size == num_envs else _mask(num_envs, slots)
+        new_obs, _ = _reset(env, seeds, mask, call_timeout_s)
         if begin.size:
             policy.reset(begin)
             videos.start(episodes, begin)

@@ -6,11 +6,13 @@ workers import it to build their env and must stay torch-free (see `lerobot.envs
 
 from typing import Any
 
-from lerobot.envs.factory import close_now, make_env, make_single_env, resolve_use_async
+from lerobot.envs.factory import make_env, make_single_env, resolve_use_async
+from lerobot.envs.faults import EnvWorkerError, close_now
 from lerobot.envs.worker import BatchKeyObservation
 
 __all__ = [
     "BatchKeyObservation",
+    "EnvWorkerError",
     "close_now",
     "make_env",
     "make_single_env",

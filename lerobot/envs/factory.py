@@ -15,16 +15,51 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, VectorEnv
+from gymnasium.vector.async_vector_env import AsyncState
 from omegaconf import OmegaConf
 
 from lerobot.config import ConfigError, EnvConfig
 from lerobot.constants import VISUAL
+from lerobot.envs.faults import close_now, kill_workers, worker_call
 from lerobot.envs.worker import build_env
 
 log = logging.getLogger(__name__)
 
 # spawn/forkserver never fork a parent that already runs torch's thread pools (fork can deadlock there).
 _START_METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+
+
+# A worker that has not built its env after this long is stuck (importing the env's package and building it
+# takes seconds, even with dozens of workers sharing two cores).
+ASYNC_START_TIMEOUT_S = 120.0
+
+
+class _AsyncVectorEnv(AsyncVectorEnv):
+    """An `AsyncVectorEnv` that never waits on a worker that cannot answer.
+
+    A worker that dies while the env starts raises `EnvWorkerError` naming it (gymnasium: a bare
+    `ConnectionResetError`), and `close()` kills the workers instead of waiting on them when one is dead
+    or a call is still pending (after a timeout or Ctrl-C), where gymnasium's `close()` would hang.
+    """
+
+    def _check_spaces(self) -> None:
+        # gymnasium's first exchange with the new workers, at the end of __init__; it waits without a
+        # timeout, so a round trip with one (reading any attribute) proves first that every worker built its env.
+        try:
+            with worker_call(self, "start-up", ASYNC_START_TIMEOUT_S):
+                self.call_async("render_mode")
+                self.call_wait(timeout=ASYNC_START_TIMEOUT_S)
+                super()._check_spaces()
+        except BaseException:
+            close_now(self)
+            raise
+
+    def close_extras(self, timeout: float | None = None, terminate: bool = False) -> None:
+        """Close the workers: politely when all are alive and idle, else by SIGKILL (see `kill_workers`)."""
+        if terminate or self._state != AsyncState.DEFAULT or not all(p.is_alive() for p in self.processes):
+            kill_workers(self)
+        else:
+            super().close_extras(timeout=timeout)
 
 
 def make_single_env(env_cfg: EnvConfig, render_mode: str | None = None) -> gym.Env:
@@ -111,7 +146,7 @@ def make_env(
     )
     fns = [fn] * n_envs
     if use_async:
-        env = AsyncVectorEnv(fns, context=_START_METHOD, autoreset_mode=autoreset_mode, copy=copy)
+        env = _AsyncVectorEnv(fns, context=_START_METHOD, autoreset_mode=autoreset_mode, copy=copy)
     else:
         env = SyncVectorEnv(fns, autoreset_mode=autoreset_mode, copy=copy)
     try:
@@ -120,35 +155,6 @@ def make_env(
         env.close()
         raise
     return env
-
-
-# How long `close_now` waits for a killed worker to be reaped; SIGKILL ends even a stopped process at once.
-_REAP_TIMEOUT_S = 5.0
-
-
-def close_now(env: VectorEnv) -> None:
-    """Close `env` without waiting on its workers: SIGKILL every async worker, reap it, close its pipes.
-
-    For an async env whose workers may be dead, stopped (SIGSTOP) or in the middle of a call: gymnasium's
-    `close()` then waits on their pipes forever, and its `close(terminate=True)` sends SIGTERM, which a
-    stopped process never acts on. A sync env is closed the ordinary way. Afterwards `env.close()` is a
-    no-op, so a caller's `finally: env.close()` returns at once.
-    """
-    base = env.unwrapped
-    if not isinstance(base, AsyncVectorEnv):
-        env.close()
-        return
-    if base.closed:
-        return
-    for process in base.processes:
-        if process.is_alive():
-            process.kill()
-    for process in base.processes:
-        process.join(_REAP_TIMEOUT_S)
-    for pipe in base.parent_pipes:
-        if pipe is not None:
-            pipe.close()
-    base.closed = True
 
 
 def measure_vector_steps_per_s(env_cfg: EnvConfig, n_envs: int, use_async: bool, n_steps: int = 40) -> float:
