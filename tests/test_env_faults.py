@@ -1,6 +1,7 @@
 """Faults in evaluation, reproduced for real: a worker killed (`kill -9`) or stopped (SIGSTOP), Ctrl-C while a
 worker is stopped, torch in env workers, NaN actions, and every autoreset mode with idle slots."""
 
+import functools
 import os
 import signal
 import subprocess
@@ -15,6 +16,7 @@ from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
 from test_rollout import ChaseKeypointPolicy, EchoSeedPolicy, _pusht_env_cfg, reference, strip
 from toy_env import make_toy
 
+import lerobot.envs.factory as factory
 from lerobot.envs import make_env
 from lerobot.rollout import EnvWorkerError, NonFiniteActionError, eval_policy
 
@@ -86,8 +88,21 @@ def test_stopped_worker_ends_eval_after_the_step_timeout_and_no_worker_survives(
     assert all(_gone(pid) for pid in pids)
 
 
+def test_worker_stuck_at_start_up_fails_after_the_start_timeout(monkeypatch):
+    monkeypatch.setattr(factory, "ASYNC_START_TIMEOUT_S", 2.0)
+    before = set(_children(os.getpid()))
+    start = time.monotonic()
+    with pytest.raises(
+        EnvWorkerError, match=r"env worker 0 \(pid \d+\), env worker 1 .* start-up within 2 s"
+    ):
+        factory._AsyncVectorEnv([functools.partial(make_toy, worker_start_delay_s=60)] * 2, context="spawn")
+    assert time.monotonic() - start < 2.0 + 15  # + the spawn of two workers on a busy machine
+    assert all(_gone(pid) for pid in set(_children(os.getpid())) - before)
+
+
 _EVAL_WITH_PIDS = """
 from test_rollout import ChaseKeypointPolicy, _pusht_env_cfg
+import lerobot.envs.factory as factory
 from lerobot.envs import make_env
 from lerobot.rollout import eval_policy
 env = make_env(_pusht_env_cfg("pusht_keypoints", 300), 3, use_async=True)

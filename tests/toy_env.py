@@ -8,6 +8,7 @@ with `hang_at` it sleeps for a minute there.
 
 from __future__ import annotations
 
+import multiprocessing
 import time
 
 import gymnasium as gym
@@ -65,8 +66,16 @@ class ToyEnv(gym.Env):
         return frame
 
 
-def make_toy(max_episode_steps: int = 12, fail_at: int | None = None, hang_at: int | None = None) -> gym.Env:
-    """A time-limited ToyEnv (truncation after `max_episode_steps`)."""
+def make_toy(
+    max_episode_steps: int = 12,
+    fail_at: int | None = None,
+    hang_at: int | None = None,
+    worker_start_delay_s: float = 0.0,
+) -> gym.Env:
+    """A time-limited ToyEnv (truncation after `max_episode_steps`); built in a worker process it first
+    sleeps `worker_start_delay_s` (a stuck start-up)."""
+    if multiprocessing.parent_process() is not None:
+        time.sleep(worker_start_delay_s)
     return gym.wrappers.TimeLimit(
         ToyEnv(fail_at=fail_at, hang_at=hang_at), max_episode_steps=max_episode_steps
     )

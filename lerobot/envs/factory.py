@@ -8,6 +8,7 @@ import json
 import logging
 import multiprocessing
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from omegaconf import OmegaConf
 
 from lerobot.config import ConfigError, EnvConfig
 from lerobot.constants import VISUAL
-from lerobot.envs.faults import close_now, kill_workers, worker_call
+from lerobot.envs.faults import EnvWorkerError, close_now, kill_workers, worker_call
 from lerobot.envs.worker import build_env
 
 log = logging.getLogger(__name__)
@@ -43,16 +44,38 @@ class _AsyncVectorEnv(AsyncVectorEnv):
     """
 
     def _check_spaces(self) -> None:
-        # gymnasium's first exchange with the new workers, at the end of __init__; it waits without a
-        # timeout, so a round trip with one (reading any attribute) proves first that every worker built its env.
+        # gymnasium's first exchange with the new workers, at the end of __init__. It waits on them without
+        # a timeout, so a watchdog kills the workers still silent after ASYNC_START_TIMEOUT_S, which turns
+        # that wait into a broken pipe.
+        silent: list[int] = []
+
+        def kill_silent() -> None:
+            silent.extend(
+                i for i, pipe in enumerate(self.parent_pipes) if pipe is not None and not pipe.poll(0)
+            )
+            for i in silent:
+                self.processes[i].kill()
+
+        watchdog = threading.Timer(ASYNC_START_TIMEOUT_S, kill_silent)
+        watchdog.daemon = True
+        watchdog.start()
         try:
             with worker_call(self, "start-up", ASYNC_START_TIMEOUT_S):
-                self.call_async("render_mode")
-                self.call_wait(timeout=ASYNC_START_TIMEOUT_S)
                 super()._check_spaces()
+        except EnvWorkerError:
+            close_now(self)
+            if not silent:
+                raise
+            who = ", ".join(f"env worker {i} (pid {self.processes[i].pid})" for i in silent)
+            raise EnvWorkerError(
+                f"{who} of {self.num_envs} did not answer its start-up within {ASYNC_START_TIMEOUT_S:.0f} s "
+                "(stopped or stuck)"
+            ) from None
         except BaseException:
             close_now(self)
             raise
+        finally:
+            watchdog.cancel()
 
     def close_extras(self, timeout: float | None = None, terminate: bool = False) -> None:
         """Close the workers: politely when all are alive and idle, else by SIGKILL (see `kill_workers`)."""
