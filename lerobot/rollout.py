@@ -36,7 +36,7 @@ from gymnasium.vector import AsyncVectorEnv, SyncVectorEnv, VectorEnv
 from tqdm.auto import tqdm
 
 from lerobot.constants import EVAL_SCHEDULES
-from lerobot.envs.faults import EnvWorkerError, close_now, worker_call
+from lerobot.envs.faults import EnvWorkerError, Watchdog, close_now, worker_call
 from lerobot.envs.observation import observation_to_batch
 from lerobot.policies.policy import Policy
 
@@ -62,19 +62,25 @@ def policy_device(policy: torch.nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
-def _step(env: VectorEnv, action: np.ndarray, timeout_s: float | None = None):
+def _step(env: VectorEnv, action: np.ndarray, timeout_s: float | None, watchdog: Watchdog | None):
     if not isinstance(env, AsyncVectorEnv):
         return env.step(action)
-    with worker_call(env, "step", timeout_s, _SLOW_HINT):
+    with worker_call(env, "step", timeout_s, _SLOW_HINT, watchdog):
         env.step_async(action)
         return env.step_wait(timeout=timeout_s)
 
 
-def _reset(env: VectorEnv, seeds: list[int | None], mask: np.ndarray | None, timeout_s: float):
+def _reset(
+    env: VectorEnv,
+    seeds: list[int | None],
+    mask: np.ndarray | None,
+    timeout_s: float,
+    watchdog: Watchdog | None,
+):
     options = None if mask is None else {"reset_mask": mask}
     if not isinstance(env, AsyncVectorEnv):
         return env.reset(seed=seeds, options=options)
-    with worker_call(env, "reset", timeout_s, _SLOW_HINT):
+    with worker_call(env, "reset", timeout_s, _SLOW_HINT, watchdog):
         env.reset_async(seed=seeds, options=options)
         return env.reset_wait(timeout=timeout_s)
 
@@ -93,11 +99,13 @@ def _success(info: dict[str, Any], num_envs: int) -> np.ndarray:
     return success
 
 
-def _render(env: VectorEnv, slots: list[int], timeout_s: float) -> list[np.ndarray]:
+def _render(
+    env: VectorEnv, slots: list[int], timeout_s: float, watchdog: Watchdog | None
+) -> list[np.ndarray]:
     """RGB frames of `slots`; a sync env renders only those, an async one renders in its workers."""
     if isinstance(env, SyncVectorEnv):
         return [env.envs[s].render() for s in slots]
-    with worker_call(env, "render", timeout_s, _SLOW_HINT):
+    with worker_call(env, "render", timeout_s, _SLOW_HINT, watchdog):
         env.call_async("render")
         images = env.call_wait(timeout=timeout_s)
     return [images[s] for s in slots]
@@ -215,10 +223,18 @@ class _Episodes:
 class _Videos:
     """Frames of the first `max_episodes` episodes, each written to mp4 by a background thread when it ends."""
 
-    def __init__(self, env: VectorEnv, videos_dir: Path | str | None, max_episodes: int, timeout_s: float):
+    def __init__(
+        self,
+        env: VectorEnv,
+        videos_dir: Path | str | None,
+        max_episodes: int,
+        timeout_s: float,
+        watchdog: Watchdog | None,
+    ):
         if max_episodes > 0 and videos_dir is None:
             raise ValueError("max_episodes_rendered > 0 needs a videos_dir")
-        self.env, self.max_episodes, self.timeout_s = env, max_episodes, timeout_s
+        self.env, self.max_episodes = env, max_episodes
+        self.timeout_s, self.watchdog = timeout_s, watchdog
         self.dir = Path(videos_dir) if videos_dir is not None else None
         if self.dir is not None:
             self.dir.mkdir(parents=True, exist_ok=True)
@@ -238,7 +254,7 @@ class _Videos:
         """Add the current frame of each recorded episode running in `slots`."""
         recording = [s for s in slots if episodes.slot_episode[s] in self.frames]
         if recording:
-            for slot, image in zip(recording, _render(self.env, recording, self.timeout_s)):
+            for slot, image in zip(recording, _render(self.env, recording, self.timeout_s, self.watchdog)):
                 self.frames[int(episodes.slot_episode[slot])].append(np.asarray(image))
 
     def finish(self, finished: np.ndarray) -> None:
@@ -291,7 +307,8 @@ def eval_policy(
     policy.reset()
     episodes = _Episodes(n_episodes, start_seed, num_envs)
     call_timeout_s = ASYNC_RESET_TIMEOUT_S if step_timeout_s is None else step_timeout_s
-    videos = _Videos(env, videos_dir, max_episodes_rendered, call_timeout_s)
+    watchdog = Watchdog(env) if isinstance(env, AsyncVectorEnv) else None
+    videos = _Videos(env, videos_dir, max_episodes_rendered, call_timeout_s, watchdog)
 
     def reset(begin: np.ndarray, idle: np.ndarray = _NO_SLOTS) -> Any:
         """One reset: `begin` slots start their next episodes (fresh policy state), `idle` slots filler
@@ -302,7 +319,7 @@ def eval_policy(
                 seeds[slot] = seed
         slots = np.union1d(begin, idle)
         mask = None if slots.size == num_envs else _mask(num_envs, slots)
-        new_obs, _ = _reset(env, seeds, mask, call_timeout_s)
+        new_obs, _ = _reset(env, seeds, mask, call_timeout_s, watchdog)
         if begin.size:
             policy.reset(begin)
             videos.start(episodes, begin)
@@ -323,7 +340,7 @@ def eval_policy(
             action = policy.select_action(observation_to_batch(obs, device) if needs_obs else None).numpy()
             if not np.isfinite(action).all():  # (B, action_dim) on the CPU: a few microseconds
                 raise NonFiniteActionError(_non_finite_message(action, episodes, vector_step))
-            obs, reward, terminated, truncated, info = _step(env, action, step_timeout_s)
+            obs, reward, terminated, truncated, info = _step(env, action, step_timeout_s, watchdog)
             vector_step += 1
             busy_steps += episodes.n_active
             episodes.log_step(reward, _success(info, num_envs))
@@ -364,6 +381,8 @@ def eval_policy(
         raise
     finally:
         bar.close()
+        if watchdog is not None:
+            watchdog.close()
     video_paths = videos.close()
     eval_s = time.perf_counter() - start_time
     total_steps = vector_step * num_envs
