@@ -21,7 +21,6 @@ from lerobot.policies.config import PolicyConfig
 from lerobot.policies.factory import make_policy, make_policy_config
 from lerobot.policies.online_policy import OnlinePolicy
 from lerobot.policies.policy import Policy
-from lerobot.policies.pretrained import write_hub_config
 from lerobot.training.checkpoint import get_rng_state, load_training_state, save_checkpoint, set_rng_state
 from lerobot.training.common import CpuPace, resolve_device, set_seed, setup_run
 from lerobot.training.divergence import DivergenceGuard
@@ -90,8 +89,7 @@ class _LogWindow:
 
 
 def save(run_dir: Path, step: int, policy: Policy, update: TrainStep, cfg: DictConfig) -> None:
-    """Checkpoint `step`: the EMA weights (when used) as the model, everything `restore` needs besides, and
-    `config.json`, which makes the checkpoint directory a hub-layout pretrained directory too."""
+    """Checkpoint `step`: the EMA weights (when used) as the model, and everything `restore` needs besides."""
     training_state = {
         "model": policy.state_dict(),
         "optimizer": update.optimizer.state_dict(),
@@ -102,9 +100,7 @@ def save(run_dir: Path, step: int, policy: Policy, update: TrainStep, cfg: DictC
     }
     with update.averaged_weights():
         model = {k: v.clone() for k, v in policy.state_dict().items()}
-    ckpt = save_checkpoint(run_dir, step, policy, cfg, training_state, eval_state_dict=model)
-    # With config.json next to model.safetensors the checkpoint is also a hub-layout pretrained directory.
-    write_hub_config(ckpt, policy.config, env_config(cfg))
+    save_checkpoint(run_dir, step, policy, cfg, training_state, eval_state_dict=model)
 
 
 def restore(ckpt_dir: Path, policy: Policy, update: TrainStep) -> tuple[int, dict[str, Any]]:
