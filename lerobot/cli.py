@@ -131,8 +131,9 @@ def _hydra_message(e: Exception, dirs: Sequence[Path]) -> str:
 
 
 def _expected_errors() -> tuple[type[BaseException], ...]:
+    from lerobot.envs.faults import EnvWorkerError
     from lerobot.policies.pretrained import PretrainedError
-    from lerobot.rollout import EnvWorkerError
+    from lerobot.rollout import NonFiniteActionError
     from lerobot.training.checkpoint import CheckpointError
     from lerobot.training.common import TrainingDivergedError
 
@@ -141,6 +142,7 @@ def _expected_errors() -> tuple[type[BaseException], ...]:
         PretrainedError,
         CheckpointError,
         EnvWorkerError,
+        NonFiniteActionError,
         TrainingDivergedError,
         FileNotFoundError,
     ]

@@ -150,10 +150,13 @@ def random_crop(
     """
     n, _, height, width = images.shape
     h, w = size
-    shard = shard or WHOLE_BATCH
-    top = shard.rows(lambda k: torch.randint(0, height - h + 1, (k,), generator=generator), n)
-    left = shard.rows(lambda k: torch.randint(0, width - w + 1, (k,), generator=generator), n)
-    top, left = top.to(images.device), left.to(images.device)
+    # Drawn for the global batch and sliced (see `batch_shard`), on the CPU stream (or the generator's
+    # device): the same offsets on any number of processes or GPUs, resumed exactly from the checkpoint's CPU
+    # random state; the (N,) copy to the images' device does not wait for the device.
+    shard, device = shard or WHOLE_BATCH, generator.device if generator is not None else "cpu"
+    top = shard.rows(lambda k: torch.randint(0, height - h + 1, (k,), generator=generator, device=device), n)
+    left = shard.rows(lambda k: torch.randint(0, width - w + 1, (k,), generator=generator, device=device), n)
+    top, left = top.to(images.device, non_blocking=True), left.to(images.device, non_blocking=True)
     rows = top[:, None] + torch.arange(h, device=images.device)  # (N, h)
     cols = left[:, None] + torch.arange(w, device=images.device)  # (N, w)
     samples = torch.arange(n, device=images.device)
