@@ -224,8 +224,10 @@ class DiffusionPolicy(Policy):
         # they come from the one seeded CPU stream whatever device or GPU count trains, and a checkpoint's
         # CPU random state resumes them exactly; the copies to the device do not wait for it.
         shard, local = current_shard(), actions.shape[0]
-        noise = shard.rows(lambda n: torch.randn((n, *actions.shape[1:])), local)
-        steps = shard.rows(lambda n: torch.randint(0, self.config.num_train_timesteps, (n,)), local)
+        noise = shard.rows(lambda n: torch.randn((n, *actions.shape[1:]), device="cpu"), local)
+        steps = shard.rows(
+            lambda n: torch.randint(0, self.config.num_train_timesteps, (n,), device="cpu"), local
+        )
         noise = noise.to(actions.device, actions.dtype, non_blocking=True)
         steps = steps.to(actions.device, non_blocking=True)
         noisy = self.noise_scheduler.add_noise(actions, noise, steps)
