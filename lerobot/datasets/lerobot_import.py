@@ -123,10 +123,10 @@ def _hub_snapshot(repo_id: str, revision: str, local: Path) -> Path:
     try:
         path = Path(snapshot_download(repo_id, repo_type="dataset", revision=revision))
     except Exception as e:  # offline, unknown repo or revision, HTTP errors: all mean "not available"
-        reason = str(e).splitlines()[0] if str(e) else ""
+        reason = (str(e).splitlines() or [""])[0].split(". ")[0][:200]
         raise DatasetNotFoundError(
             f"LeRobotDataset {repo_id} (revision {revision}) is not in the hub cache {constants.HF_HUB_CACHE} and "
-            f"could not be downloaded ({type(e).__name__}: {reason[:160]}); put the dataset directory at {local} "
+            f"could not be downloaded ({type(e).__name__}: {reason}); put the dataset directory at {local} "
             "or set dataset.root=DIR to a directory holding meta/info.json"
         ) from None
     if not (path / INFO_PATH).is_file():
@@ -159,7 +159,8 @@ def source_fingerprint(source: LeRobotSource) -> str:
     files += sorted({ep.data_path for ep in source.episodes})
     for path in files:
         digest.update(str(path.relative_to(root)).encode())
-        digest.update(path.read_bytes())
+        # A missing file is named by the conversion (one line), not here.
+        digest.update(path.read_bytes() if path.is_file() else b"missing")
     for path in sorted({v.path for ep in source.episodes for v in ep.videos.values()}):
         size = path.stat().st_size if path.is_file() else -1
         digest.update(f"{path.relative_to(root)}:{size}".encode())
