@@ -20,7 +20,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lerobot.config import CONFIG_DIR, ConfigError, env_config, validate_config
 
@@ -38,22 +38,47 @@ def compose_config(
         search_path: more directories searched for `env/<name>.yaml` and `policy/<name>.yaml` (after
             `config_dir`).
     """
+    cfg, _ = _compose(overrides, config_dir, search_path)
+    return validate_config(cfg)
+
+
+def compose_train_config(overrides: list[str], search_path: Sequence[str | Path] = ()) -> DictConfig:
+    """`compose_config` for a training run: an unset `output_dir` becomes Hydra's `hydra.run.dir`
+    (`outputs/train/<date>/<time>_<env>_<policy>` unless overridden), as Hydra users expect."""
+    cfg, run_dir = _compose(overrides, CONFIG_DIR, search_path)
+    if cfg.output_dir is None:
+        cfg.output_dir = run_dir
+    return validate_config(cfg)
+
+
+def _compose(
+    overrides: list[str], config_dir: Path, search_path: Sequence[str | Path]
+) -> tuple[DictConfig, str]:
+    """The composed config without Hydra's own node, and the resolved `hydra.run.dir`."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
     dirs = [Path(config_dir), *(Path(d) for d in search_path)]
     _store_schemas(dirs)
-    overrides = list(overrides)
-    if search_path:
-        paths = ", ".join(f"'file://{Path(d).resolve()}'" for d in search_path)
-        overrides.append(f"hydra.searchpath=[{paths}]")
+    overrides = [*overrides, *search_path_override(search_path)]
     try:
         with initialize_config_dir(config_dir=str(Path(config_dir).resolve()), version_base=None):
-            cfg = compose(config_name="default", overrides=overrides)
+            cfg = compose(config_name="default", overrides=overrides, return_hydra_config=True)
+            run_dir = str(cfg.hydra.run.dir)
     except (HydraException, OmegaConfBaseException) as e:
         raise ConfigError(_hydra_message(e, dirs)) from None
-    return validate_config(cfg)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return cfg, run_dir
+
+
+def search_path_override(search_path: Sequence[str | Path]) -> list[str]:
+    """The `hydra.searchpath` override that adds `search_path` (empty when there is none)."""
+    if not search_path:
+        return []
+    paths = ", ".join(f"'file://{Path(d).resolve()}'" for d in search_path)
+    return [f"hydra.searchpath=[{paths}]"]
 
 
 def _store_schemas(dirs: list[Path]) -> None:
@@ -140,10 +165,21 @@ def _train(argv: list[str] | None) -> int:
     )
     _add_config_dir_argument(parser)
     parser.add_argument(
+        "-m",
+        "--multirun",
+        action="store_true",
+        help="Hydra multirun: one job per combination of comma-separated values (seed=1,2,3), "
+        "launched by hydra/launcher (basic, submitit_local, submitit_slurm)",
+    )
+    parser.add_argument(
         "overrides", nargs="*", help="Hydra overrides, e.g. policy=diffusion env=pusht training.steps=100"
     )
     args = parser.parse_intermixed_args(argv)
-    cfg = compose_config(args.overrides, search_path=args.config_dir)
+    if args.multirun:
+        from lerobot.sweep import run_sweep
+
+        return run_sweep(args.overrides, search_path=args.config_dir)
+    cfg = compose_train_config(args.overrides, search_path=args.config_dir)
     from lerobot.training import train
 
     run_dir = train(cfg)

@@ -24,8 +24,8 @@ def _restated(section: dict, cls, allowed: frozenset = frozenset()) -> list[str]
     return [k for k, v in section.items() if k not in allowed and k in defaults and defaults[k] == v]
 
 
-def test_default_yaml_holds_only_the_defaults_list():
-    assert list(OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "default.yaml"))) == ["defaults"]
+def test_default_yaml_holds_only_the_defaults_list_and_hydra_settings():
+    assert list(OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "default.yaml"))) == ["defaults", "hydra"]
 
 
 @pytest.mark.parametrize("path", sorted((CONFIG_DIR / "env").glob("*.yaml")), ids=lambda p: p.stem)

@@ -62,7 +62,10 @@ def setup_run(cfg: DictConfig) -> tuple[Path, Path | None]:
     if cfg.training.resume:
         resume_from = latest_checkpoint(run_dir)
         if resume_from is None:
-            raise ConfigError(f"training.resume=true but {run_dir} holds no checkpoint (checkpoints/last)")
+            raise ConfigError(
+                f"training.resume=true but {run_dir} holds no checkpoint (checkpoints/last); "
+                "pass output_dir=<run directory of the run to resume>"
+            )
     elif latest_checkpoint(run_dir) is not None:
         raise ConfigError(
             f"{run_dir} already holds checkpoints; pass training.resume=true to continue it or pick another output_dir"
