@@ -415,11 +415,19 @@ def test_export_script_writes_and_refuses_to_overwrite(tiny, tmp_path, capsys):
 LEROBOT_PYTHON = Path(os.environ.get("LEROBOT_VENV", "/work/lrvenv")) / "bin" / "python"
 
 
+def _run_lerobot(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """Run LeRobot's Python away from this repository: its `lerobot` must not be shadowed by ours.
+
+    `$LEROBOT_PYTHONPATH` may add LeRobot's `dataset` extra (datasets, pandas, av) installed elsewhere.
+    """
+    env = {**os.environ, "PYTHONPATH": os.environ.get("LEROBOT_PYTHONPATH", "")}
+    return subprocess.run([str(LEROBOT_PYTHON), *args], capture_output=True, text=True, env=env, cwd=cwd)
+
+
 def _lerobot_importable() -> bool:
     if not LEROBOT_PYTHON.is_file():
         return False
-    probe = subprocess.run([str(LEROBOT_PYTHON), "-c", "import lerobot.datasets"], capture_output=True)
-    return probe.returncode == 0
+    return _run_lerobot(["-c", "import lerobot.datasets"], Path("/")).returncode == 0
 
 
 @pytest.mark.skipif(not _lerobot_importable(), reason=f"no LeRobot installation at {LEROBOT_PYTHON}")
@@ -432,7 +440,7 @@ def test_lerobot_itself_loads_the_export(tiny):
         "print(json.dumps({'n': len(ds), 'img': list(item['observation.image'].shape),"
         " 'action': item['action'].tolist(), 'pad': item['action_is_pad'].tolist(), 'task': item['task']}))\n"
     )
-    run = subprocess.run([str(LEROBOT_PYTHON), "-c", script, str(tiny["v3"])], capture_output=True, text=True)
+    run = _run_lerobot(["-c", script, str(tiny["v3"])], tiny["base"])
     assert run.returncode == 0, run.stderr[-2000:]
     got = json.loads(run.stdout.strip().splitlines()[-1])
     original = EpisodeDataset(tiny["original"], delta_timestamps={"action": [0.0, 0.1]})
