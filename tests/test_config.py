@@ -35,13 +35,12 @@ def test_env_yaml_restates_no_default(path):
     assert _restated(env, EnvConfig, frozenset({"name"})) == []
 
 
-def test_experiment_yaml_restates_no_default():
-    exp = OmegaConf.to_container(
-        OmegaConf.load(CONFIG_DIR / "experiment" / "diffusion_pusht_keypoints_cpu.yaml")
-    )
-    assert _restated(exp["policy"], policy_config_class("diffusion")) == []
-    assert _restated(exp["training"], TrainingConfig) == []
-    assert _restated(exp["eval"], EvalConfig) == []
+@pytest.mark.parametrize("path", sorted((CONFIG_DIR / "experiment").glob("*.yaml")), ids=lambda p: p.stem)
+def test_experiment_yaml_restates_no_default(path):
+    exp = OmegaConf.to_container(OmegaConf.load(path))
+    assert _restated(exp.get("policy", {}), policy_config_class("diffusion")) == []
+    assert _restated(exp.get("training", {}), TrainingConfig) == []
+    assert _restated(exp.get("eval", {}), EvalConfig) == []
     top = {k: v for k, v in exp.items() if not isinstance(v, dict | list)}
     assert _restated(top, RootConfig) == []
 
