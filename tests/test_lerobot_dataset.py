@@ -31,7 +31,12 @@ from lerobot.datasets import (
 )
 from lerobot.datasets.factory import dataset_format
 from lerobot.datasets.lerobot_export import encode_video, export_lerobot_dataset, export_main
-from lerobot.datasets.lerobot_format import INFO_PATH, LEGACY_EPISODES_STATS_PATH, STATS_PATH
+from lerobot.datasets.lerobot_format import (
+    INFO_PATH,
+    LEGACY_EPISODES_STATS_PATH,
+    STATS_PATH,
+    decode_video_into,
+)
 from lerobot.datasets.lerobot_import import convert_lerobot_dataset
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -401,6 +406,16 @@ def test_export_follows_lerobot_v30_schema(tiny):
         assert stream.frames == LENGTHS[2] + LENGTHS[3]
 
 
+def test_encoding_leaves_the_process_scheduling_alone(tmp_path):
+    """SVT-AV1 makes its caller real-time (SCHED_FIFO) where it may; children would inherit that."""
+    before = os.sched_getscheduler(0)
+    encode_video(tmp_path / "v.mp4", [np.zeros((4, 3, SIZE, SIZE), dtype=np.uint8)], FPS)
+    assert os.sched_getscheduler(0) == before
+    frames = np.empty((4, 3, SIZE, SIZE), dtype=np.uint8)
+    decode_video_into(tmp_path / "v.mp4", np.arange(4) / FPS, frames, np.arange(4))
+    assert os.sched_getscheduler(0) == before
+
+
 def test_export_script_writes_and_refuses_to_overwrite(tiny, tmp_path, capsys):
     out = tmp_path / "exported"
     cache = tiny["base"] / "cache_script"
@@ -449,8 +464,8 @@ def test_lerobot_itself_loads_the_export(tiny):
     assert got["pad"] == original[4]["action_is_pad"].tolist()
 
 
-def test_cli_trains_from_a_lerobot_dataset_root(tiny, tmp_path):
-    """`dataset.repo_id=... dataset.root=DIR` on the command line reaches the importer (bad root: one line, exit 2)."""
+def test_train_cli_with_a_wrong_lerobot_root_is_one_line(tmp_path):
+    """`dataset.repo_id=... dataset.root=DIR` on the command line reaches the importer: one line, exit 2."""
     run = subprocess.run(
         [sys.executable, str(REPO_ROOT / "scripts/train.py"), "policy=diffusion", "env=pusht",
          "dataset.repo_id=lerobot/pusht", f"dataset.root={tmp_path}", f"output_dir={tmp_path / 'run'}"],

@@ -94,6 +94,19 @@ def encode_video(
     import av  # imported here: only exporting encodes video
 
     os.environ.setdefault("SVT_LOG", "1")  # SVT-AV1 prints its whole configuration otherwise
+    # SVT-AV1 switches the calling thread to real-time scheduling (SCHED_FIFO, when allowed, e.g. as root),
+    # which every process started afterwards inherits and which starves the machine: put it back.
+    policy, param = os.sched_getscheduler(0), os.sched_getparam(0)
+    try:
+        count = _encode(av, path, blocks, fps, encoding)
+    finally:
+        if os.sched_getscheduler(0) != policy:
+            os.sched_setscheduler(0, policy, param)
+    return count
+
+
+def _encode(av: Any, path: Path, blocks: Iterable[np.ndarray], fps: int, encoding: VideoEncoding) -> int:
+    """`encode_video`'s work: one stream, frames numbered from 0 at 1 / fps."""
     count = 0
     with av.open(str(path), "w") as container:
         stream = None
@@ -187,6 +200,7 @@ def export_lerobot_dataset(
     """
     src, out_dir = Path(converted_dir), Path(out_dir)
     meta = read_meta(src)
+    task = task or meta.get("name", "task")
     if out_dir.exists() and not overwrite:
         raise DatasetError(
             f"{out_dir}: already exists; choose another directory or pass overwrite (--overwrite)"
@@ -226,9 +240,7 @@ def export_lerobot_dataset(
             k: {n: episode_stats[f"{k}/{n}"] for n in ("count", "sum", "sumsq", "min", "max")}
             for k in features
         }
-        _write_episodes(
-            tmp, task or meta.get("name", "task"), features, video_keys, stats_of, starts, ends, file_of, fps
-        )
+        _write_episodes(tmp, task, features, video_keys, stats_of, starts, ends, file_of, fps)
         total = {
             k: _lerobot_stats(combine_stats(st, np.arange(num_episodes)), num_frames, k in video_keys)
             for k, st in stats_of.items()
@@ -237,7 +249,7 @@ def export_lerobot_dataset(
             total[key] = _lerobot_stats(_plain_stats(values), num_frames, image=False)
         (tmp / "meta").mkdir(exist_ok=True)
         write_json_atomic(tmp / STATS_PATH, total)
-        pq.write_table(_tasks_table([task or meta.get("name", "task")]), tmp / TASKS_PATH)
+        pq.write_table(_tasks_table([task]), tmp / TASKS_PATH)
         info = {
             "codebase_version": V30,
             "robot_type": None,

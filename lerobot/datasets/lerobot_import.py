@@ -56,7 +56,10 @@ from lerobot.datasets.format import (
 )
 from lerobot.datasets.lerobot_format import (
     INFO_PATH,
+    LEGACY_EPISODES_STATS_PATH,
+    STATS_PATH,
     TOLERANCE_S,
+    V30,
     LeRobotSource,
     column_to_numpy,
     decode_video_into,
@@ -325,9 +328,7 @@ def _check_against_source_stats(
     source: LeRobotSource, combined: dict[str, dict[str, np.ndarray]], arrays: dict[str, np.ndarray]
 ) -> None:
     """The dataset's stored min/max of each non-boolean numeric feature must match the data (they are exact)."""
-    stats_file = source.root / (
-        "meta/stats.json" if source.version == "v3.0" else "meta/episodes_stats.jsonl"
-    )
+    stats_file = source.root / (STATS_PATH if source.version == V30 else LEGACY_EPISODES_STATS_PATH)
     for key, arr in arrays.items():
         if arr.dtype == np.bool_:
             continue
