@@ -18,7 +18,7 @@ from lerobot.envs import make_env, resolve_use_async
 from lerobot.policies.factory import inference_context
 from lerobot.policies.policy import Policy
 from lerobot.rollout import eval_policy
-from lerobot.training.checkpoint import latest_checkpoint
+from lerobot.training.checkpoint import latest_checkpoint, remove_stale_temporaries
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +58,7 @@ def setup_run(cfg: DictConfig) -> tuple[Path, Path | None]:
             / f"{now:%H-%M-%S}_{cfg.env.name}_{cfg.policy.name}"
         )
     run_dir = Path(cfg.output_dir)
+    remove_stale_temporaries(run_dir)  # before looking for checkpoints: a complete one may be put in place
     resume_from = None
     if cfg.training.resume:
         resume_from = latest_checkpoint(run_dir)

@@ -23,6 +23,7 @@ from lerobot.policies.online_policy import OnlinePolicy
 from lerobot.policies.policy import Policy
 from lerobot.training.checkpoint import get_rng_state, load_training_state, save_checkpoint, set_rng_state
 from lerobot.training.common import resolve_device, set_seed, setup_run
+from lerobot.training.divergence import DivergenceGuard
 from lerobot.training.loop import TrainingLoop, TrainStep, to_device
 
 log = logging.getLogger(__name__)
@@ -76,7 +77,7 @@ class _LogWindow:
 
 
 def save(run_dir: Path, step: int, policy: Policy, update: TrainStep, cfg: DictConfig) -> None:
-    """Checkpoint `step`: the EMA weights (when used) as the model, everything `restore` needs besides."""
+    """Checkpoint `step`: the EMA weights (when used) as the model, and everything `restore` needs besides."""
     training_state = {
         "model": policy.state_dict(),
         "optimizer": update.optimizer.state_dict(),
@@ -133,14 +134,18 @@ def train_offline(cfg: DictConfig, progress: bool = True) -> Path:
         set_rng_state(rng)
 
     window = _LogWindow(batch_size)
-    with TrainingLoop(
-        cfg, run_dir, start=step, resumed=resume_from is not None, unit="step", progress=progress
-    ) as loop:
+    with (
+        TrainingLoop(
+            cfg, run_dir, start=step, resumed=resume_from is not None, unit="step", progress=progress
+        ) as loop,
+        DivergenceGuard(run_dir, update.advice()) as guard,
+    ):
         while loop.running:
             t0 = time.perf_counter()
             batch = to_device(next(batches), device)
             t1 = time.perf_counter()
             output = update(batch, where=f"step {loop.step + 1}")
+            guard.updated()
             if device.type == "cuda":
                 torch.cuda.synchronize()  # so that update_s measures the update, not its launch
             window.add(data_s=t1 - t0, update_s=time.perf_counter() - t1)
@@ -151,6 +156,7 @@ def train_offline(cfg: DictConfig, progress: bool = True) -> Path:
                 loop.log({**scalars, "lr": update.lr, **window.pop()})
             if due.checkpoint:
                 save(run_dir, loop.step, policy, update, cfg)
+                guard.saved(loop.step)
             if due.eval:
                 with update.averaged_weights():
                     loop.evaluate(policy)
