@@ -148,7 +148,7 @@ def tiny(tmp_path_factory) -> dict[str, Path]:
     base = tmp_path_factory.mktemp("lerobot")
     n = sum(LENGTHS)
     rng = np.random.default_rng(0)
-    state = np.column_stack([rng.uniform(50, 450, (n, 4)), rng.uniform(-3, 3, n)]).astype(np.float32)
+    state = np.column_stack([rng.uniform(50, 450, (n, 4)), rng.uniform(0, 2 * np.pi, n)]).astype(np.float32)
     action = rng.uniform(0, 512, (n, 2)).astype(np.float32)
     original = convert_pusht_zarr(
         write_zarr(base / "a.zarr", smooth_frames(n, 0), state, action), base / "converted" / "v1"

@@ -35,17 +35,16 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from safetensors.numpy import load_file
 
 from lerobot.config import ConfigError, DatasetConfig
 from lerobot.constants import VISUAL
 from lerobot.datasets.factory import import_dataset
 from lerobot.datasets.format import (
     BOOKKEEPING_KEYS,
-    EPISODE_STATS_FILE,
     DatasetError,
     combine_stats,
     feature_file,
+    load_episode_stats,
     read_meta,
     write_json_atomic,
 )
@@ -220,7 +219,7 @@ def export_lerobot_dataset(
                 f"{src}: feature {key!r} has shape {features[key]['shape']}; only scalars and vectors export"
             )
     arrays = {k: np.load(feature_file(src, k), mmap_mode="r") for k in [*features, *BOOKKEEPING_KEYS]}
-    episode_stats = load_file(src / EPISODE_STATS_FILE)
+    episode_stats = load_episode_stats(src)
     file_of = np.arange(num_episodes) // per_file
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)

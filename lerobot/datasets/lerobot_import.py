@@ -47,8 +47,11 @@ from lerobot.datasets.format import (
     TIMESTAMP,
     DatasetError,
     DatasetNotFoundError,
+    check_free_space,
     combine_stats,
     feature_file,
+    open_preallocated_memmap,
+    out_of_space_error,
     stack_episode_stats,
     sufficient_stats,
     uint8_channel_stats,
@@ -66,7 +69,13 @@ from lerobot.datasets.lerobot_format import (
     iter_episode_tables,
     open_lerobot_dataset,
 )
-from lerobot.datasets.pusht_import import _install, _is_current, _remove_stale_temps, default_cache_dir
+from lerobot.datasets.pusht_import import (
+    _install,
+    _is_current,
+    _is_intact,
+    _remove_stale_temps,
+    default_cache_dir,
+)
 
 log = logging.getLogger(__name__)
 
@@ -184,21 +193,35 @@ def convert_lerobot_dataset(
     out_dir = Path(out_dir)
     source = open_lerobot_dataset(source_dir)
     fingerprint = source_fingerprint(source)
-    if not force and _is_current(out_dir, fingerprint):
+    current = _is_current(out_dir, fingerprint)
+    if current and not force and _is_intact(out_dir):
         return out_dir
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_temps(out_dir.parent, out_dir.name)
+    needed = converted_bytes(source)
+    check_free_space(out_dir.parent, needed)
     tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
     try:
+        tmp.mkdir()
         t0 = time.perf_counter()
         _write_converted(source, tmp, fingerprint, name or source.root.name)
         seconds = time.perf_counter() - t0
-        _install(tmp, out_dir, fingerprint)
+        _install(tmp, out_dir, fingerprint, replace_current=current)
+    except OSError as e:
+        if (error := out_of_space_error(e, out_dir.parent, needed)) is not None:
+            raise error from None
+        raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     log.info("imported %s -> %s in %.1f s", source.root, out_dir, seconds)
     return out_dir
+
+
+def converted_bytes(source: LeRobotSource) -> int:
+    """Bytes the import writes: uint8 frames of the video features plus 8 bytes per number per frame (a bound)."""
+    per_frame = sum(3 * int(np.prod(source.frame_shape(k))) for k in source.video_keys)
+    per_frame += 8 * sum(max(1, int(np.prod(source.features[k]["shape"]))) for k in source.numeric_keys) + 24
+    return source.num_frames * per_frame
 
 
 def _our_shape(source: LeRobotSource, key: str) -> tuple[int, ...]:
@@ -308,9 +331,7 @@ def _decode_feature(
     shape: tuple[int, ...],
 ) -> np.ndarray:
     """Decode every frame of video feature `key` into `<key>.npy` (N, 3, H, W) uint8, one pass per mp4."""
-    dest = np.lib.format.open_memmap(
-        feature_file(out, key), mode="w+", dtype=np.uint8, shape=(num_frames, *shape)
-    )
+    dest = open_preallocated_memmap(feature_file(out, key), np.uint8, (num_frames, *shape))
     by_file: dict[Path, list[tuple[np.ndarray, np.ndarray]]] = {}
     for ep in source.episodes:
         ref = ep.videos[key]
