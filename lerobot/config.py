@@ -9,6 +9,7 @@ resolved, including the `policy` section (validated by the chosen policy's own d
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,8 @@ FEATURE_KINDS = (VISUAL, STATE, ENV_STATE, ACTION_KIND)
 WHOLE_OBSERVATION = "."
 # Where the YAML configs live (Hydra's primary config directory).
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+# Values `device` accepts (resolved by `lerobot.training.common.resolve_device`).
+DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?|mps")
 
 
 class ConfigError(ValueError):
@@ -110,7 +113,7 @@ class TrainingConfig:
     save_freq: int = 10_000
     # Continue the run in `output_dir` from its last checkpoint (weights, optimizer, data order, RNG).
     resume: bool = False
-    # bf16 autocast for the forward/backward pass (CPU AMX or CUDA).
+    # bf16 autocast for the forward/backward pass (CUDA, or a CPU with AMX); the one mixed-precision switch.
     use_amp: bool = False
     grad_clip_norm: float = 10.0
     # Online (TD-MPC) only: vectorized envs collecting experience, SB3-style schedule (docs/tdmpc.md).
@@ -176,8 +179,8 @@ class RootConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
     seed: int = 1000
-    # cpu | cuda | cuda:N | auto (cuda when available)
-    device: str = "cpu"
+    # auto | cpu | cuda | cuda:N | mps. auto: CUDA when present, else MPS (Apple GPU), else the CPU (docs/gpu.md).
+    device: str = "auto"
     # Run directory; None: outputs/train/<date>/<time>_<env>_<policy>. Pass an existing one to resume.
     output_dir: str | None = None
     job_name: str | None = None
@@ -224,8 +227,8 @@ def validate_config(cfg: DictConfig | dict) -> DictConfig:
         )
     if str(merged.eval.use_async_envs).lower() not in ("auto", "true", "false"):
         raise ConfigError(f"eval.use_async_envs={merged.eval.use_async_envs!r}: expected auto, true or false")
-    if merged.device not in ("cpu", "cuda", "auto") and not str(merged.device).startswith("cuda:"):
-        raise ConfigError(f"device={merged.device!r}: expected cpu, cuda, cuda:N or auto")
+    if not DEVICE_PATTERN.fullmatch(str(merged.device)):
+        raise ConfigError(f"device={merged.device!r}: expected auto, cpu, cuda, cuda:N or mps")
     if merged.policy:
         # Imported here: the policy registry imports torch and the policies, which import this module.
         from lerobot.policies.factory import resolved_policy_section

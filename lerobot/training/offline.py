@@ -22,7 +22,7 @@ from lerobot.policies.factory import make_policy, make_policy_config
 from lerobot.policies.online_policy import OnlinePolicy
 from lerobot.policies.policy import Policy
 from lerobot.training.checkpoint import get_rng_state, load_training_state, save_checkpoint, set_rng_state
-from lerobot.training.common import resolve_device, set_seed, setup_run
+from lerobot.training.common import CpuPace, resolve_device, set_seed, setup_run
 from lerobot.training.divergence import DivergenceGuard
 from lerobot.training.loop import TrainingLoop, TrainStep, to_device
 
@@ -51,28 +51,40 @@ def make_offline_policy(policy_cfg: PolicyConfig, dataset: EpisodeDataset, devic
 
 
 class _LogWindow:
-    """Time spent loading batches and updating since the last log, turned into the rates of the next one."""
+    """Wall time of the steps since the last log, split into waiting for batches and updating, turned into
+    the rates of the next one.
+
+    No step waits for the device: the update time of a window is its wall time less the batch waits, read
+    at log time after the metrics' host sync, so it includes the device work its steps queued.
+    """
 
     def __init__(self, batch_size: int):
         self.batch_size = batch_size
-        self.steps = 0
-        self.data_s = self.update_s = 0.0
+        self._restart()
 
-    def add(self, data_s: float, update_s: float) -> None:
-        """Count one step that waited `data_s` for its batch and took `update_s` to update."""
+    def _restart(self) -> None:
+        self.steps = 0
+        self.data_s = 0.0
+        self.start = time.perf_counter()
+
+    def add(self, data_s: float) -> None:
+        """Count one step that waited `data_s` for its batch."""
         self.steps += 1
         self.data_s += data_s
-        self.update_s += update_s
+
+    def exclude(self, seconds: float) -> None:
+        """Leave `seconds` spent on something else (a checkpoint, an evaluation) out of the window."""
+        self.start += seconds
 
     def pop(self) -> dict[str, float]:
         """Mean times per step and samples per second over the window ending now, then start a new window."""
+        elapsed = time.perf_counter() - self.start
         metrics = {
             "data_s": self.data_s / self.steps,
-            "update_s": self.update_s / self.steps,
-            "samples_per_s": self.batch_size * self.steps / max(self.data_s + self.update_s, 1e-9),
+            "update_s": max(elapsed - self.data_s, 0.0) / self.steps,
+            "samples_per_s": self.batch_size * self.steps / max(elapsed, 1e-9),
         }
-        self.steps = 0
-        self.data_s = self.update_s = 0.0
+        self._restart()
         return metrics
 
 
@@ -134,6 +146,7 @@ def train_offline(cfg: DictConfig, progress: bool = True) -> Path:
         set_rng_state(rng)
 
     window = _LogWindow(batch_size)
+    pace = CpuPace(device, cfg.training.steps - step)
     with (
         TrainingLoop(
             cfg, run_dir, start=step, resumed=resume_from is not None, unit="step", progress=progress
@@ -143,21 +156,22 @@ def train_offline(cfg: DictConfig, progress: bool = True) -> Path:
         while loop.running:
             t0 = time.perf_counter()
             batch = to_device(next(batches), device)
-            t1 = time.perf_counter()
-            output = update(batch, where=f"step {loop.step + 1}")
+            window.add(data_s=time.perf_counter() - t0)
+            update(batch, where=f"step {loop.step + 1}")  # queues the work; reads nothing back
             guard.updated()
-            if device.type == "cuda":
-                torch.cuda.synchronize()  # so that update_s measures the update, not its launch
-            window.add(data_s=t1 - t0, update_s=time.perf_counter() - t1)
+            pace.step()
             due = loop.advance(1)
 
             if due.log:
-                scalars = {k: v.item() for k, v in output.items() if v.numel() == 1}
-                loop.log({**scalars, "lr": update.lr, **window.pop()})
+                loop.log({**update.metrics.pop(), "lr": update.lr, **window.pop()})
+            t0 = time.perf_counter()
+            if due.checkpoint or due.eval:
+                update.metrics.check_finite()  # never save or evaluate diverged weights
             if due.checkpoint:
                 save(run_dir, loop.step, policy, update, cfg)
                 guard.saved(loop.step)
             if due.eval:
                 with update.averaged_weights():
                     loop.evaluate(policy)
+            window.exclude(time.perf_counter() - t0)
     return run_dir
