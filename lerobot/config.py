@@ -81,11 +81,17 @@ class DatasetConfig:
     """Where the offline demonstrations live and how they are split."""
 
     # Importer of the source data (`lerobot.datasets.factory.IMPORTERS`): `pusht_zarr` reads Diffusion
-    # Policy's `pusht_cchi_v7_replay.zarr` and converts it once into the project's memory-mapped format.
-    format: str = "pusht_zarr"
-    # Directory holding the source data (`pusht_cchi_v7_replay.zarr` or `pusht.zip`); falls back to
-    # $LEROBOT_DATA_ROOT, then to a download into `cache_dir`.
+    # Policy's `pusht_cchi_v7_replay.zarr`, `lerobot` a LeRobotDataset (v3.0/v2.1); either is converted once
+    # into the project's memory-mapped format. null: `lerobot` if `repo_id` is set, else `pusht_zarr`.
+    format: str | None = None
+    # pusht_zarr: directory holding `pusht_cchi_v7_replay.zarr` or `pusht.zip` (falls back to
+    # $LEROBOT_DATA_ROOT, then to a download into `cache_dir`). lerobot: the LeRobotDataset directory itself
+    # (holds meta/info.json); null: `$HF_LEROBOT_HOME/<repo_id>`, then the huggingface_hub cache / a download.
     root: str | None = None
+    # LeRobotDataset on the Hugging Face hub, e.g. `lerobot/pusht` (docs/lerobot_dataset.md).
+    repo_id: str | None = None
+    # Hub revision of `repo_id`; null: `v3.0`, the tag LeRobot 0.4-0.6 loads.
+    revision: str | None = None
     # Where downloads and conversions go; None: `~/.cache/lerobot`.
     cache_dir: str | None = None
     # Fraction of whole episodes held out for validation, drawn with `split_seed`.
