@@ -105,10 +105,12 @@ def _expected_errors() -> tuple[type[BaseException], ...]:
     from lerobot.rollout import EnvWorkerError
     from lerobot.training.checkpoint import CheckpointError
     from lerobot.training.common import TrainingDivergedError
+    from lerobot.training.run_dir import RunDirError
 
     errors: list[type[BaseException]] = [
         ConfigError,
         CheckpointError,
+        RunDirError,
         EnvWorkerError,
         TrainingDivergedError,
         FileNotFoundError,
@@ -126,11 +128,18 @@ def _run(main, argv: list[str] | None) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S"
     )
+    from lerobot.training.stop import EXIT_CODES, StopAborted
+
     try:
         return main(argv)
     except _expected_errors() as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except StopAborted as e:
+        print(
+            f"stopped by {e} without saving (a later relaunch resumes from checkpoints/last)", file=sys.stderr
+        )
+        return EXIT_CODES[e.signum]
 
 
 # ----------------------------------------------------------------------------------------------- train
@@ -145,8 +154,18 @@ def _train(argv: list[str] | None) -> int:
     args = parser.parse_intermixed_args(argv)
     cfg = compose_config(args.overrides, search_path=args.config_dir)
     from lerobot.training import train
+    from lerobot.training.checkpoint import latest_checkpoint
+    from lerobot.training.stop import EXIT_CODES, stop_on_signals
 
-    run_dir = train(cfg)
+    with stop_on_signals() as stop:
+        run_dir = train(cfg)
+    if stop.stopped_at is not None:
+        print(
+            f"stopped by {stop.name} at step {stop.stopped_at}, checkpoint {latest_checkpoint(run_dir)}; "
+            "run the same command again to resume",
+            file=sys.stderr,
+        )
+        return EXIT_CODES[stop.signum]
     print(f"run directory: {run_dir}")
     return 0
 

@@ -14,7 +14,10 @@ own work between two `advance` calls:
             if due.eval: loop.evaluate(policy)
 
 Each of the three is due when the counter crosses a multiple of its period (`training.log_freq`,
-`training.save_freq`, `eval.freq`; 0 disables evaluation) and after the last iteration.
+`training.save_freq`, `eval.freq`; 0 disables evaluation) and after the last iteration. A stop signal
+(`lerobot.training.stop`) makes the current iteration the last: logging and a checkpoint are due, evaluation
+is not. A resumed run whose first step's evaluation was due but never recorded (the process died while
+evaluating) has `eval_pending` set: the trainer evaluates before its first iteration.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from lerobot.policies.policy import Policy
 from lerobot.training.checkpoint import get_rng_state, set_rng_state
 from lerobot.training.common import TrainingDivergedError, evaluate
 from lerobot.training.logger import MetricsLogger
+from lerobot.training.stop import EvaluationInterrupted, active
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +159,7 @@ class Due:
 class TrainingLoop:
     """Progress of a training run from `start` to `training.steps`, its progress bar and its metrics log.
 
-    A context manager: leaving it closes the progress bar and the logger (final curves, wandb).
+    A context manager: leaving it closes the progress bar and the logger (final curves, wandb). Inside it, stop signals are recorded rather than fatal (`stop_requested`).
     """
 
     def __init__(
@@ -165,33 +169,58 @@ class TrainingLoop:
         self.run_dir = Path(run_dir)
         self.step = start
         self.total = cfg.training.steps
-        # A resumed run drops what the interrupted one logged after its checkpoint.
-        self.logger = MetricsLogger(run_dir, cfg, resume_step=start if resumed else None)
+        # Records after the step this run starts from belong to an interrupted run (or, at 0, to one that
+        # never saved a checkpoint): dropped, so that the file holds one trajectory.
+        self.logger = MetricsLogger(run_dir, cfg, resume_step=start)
+        freq = cfg.eval.freq
+        self.eval_pending = (
+            resumed
+            and freq > 0
+            and (start % freq == 0 or start == self.total)
+            and not any(r["step"] == start and r["split"] == "eval" for r in self.logger.records)
+        )
+        self._stop = active()
+        self._armed = self._stop.armed() if self._stop is not None else contextlib.nullcontext()
+        self._stopping = False
         self._bar = tqdm(
             total=self.total, initial=start, unit=unit, desc="train", disable=not progress, dynamic_ncols=True
         )
 
     def __enter__(self) -> TrainingLoop:
+        self._armed.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._armed.__exit__(*exc)
         self._bar.close()
         self.logger.close()
 
     @property
+    def stop_requested(self) -> bool:
+        """Whether a stop signal has arrived (set asynchronously; `advance` acts on it at a step boundary)."""
+        return self._stop is not None and self._stop.signum is not None
+
+    @property
     def running(self) -> bool:
-        """Whether the run has steps left."""
-        return self.step < self.total
+        """Whether the run has steps left and has not been asked to stop."""
+        return self.step < self.total and not self._stopping
 
     def advance(self, n: int) -> Due:
         """Count `n` more steps; say whether logging, checkpointing and evaluation are due now."""
         before, self.step = self.step, self.step + n
         self._bar.update(n)
+        # The one place the stop request is read, so that the step that saves is a step boundary.
+        if self.stop_requested:
+            self._stopping = True
+            self._stop.stopped_at = self.step
+            log.warning("stopping at step %d for %s: saving a checkpoint", self.step, self._stop.name)
         last = not self.running
         return Due(
             log=last or _crossed(before, self.step, self.cfg.training.log_freq),
             checkpoint=last or _crossed(before, self.step, self.cfg.training.save_freq),
-            eval=self.cfg.eval.freq > 0 and (last or _crossed(before, self.step, self.cfg.eval.freq)),
+            eval=self.cfg.eval.freq > 0
+            and not self._stopping
+            and (last or _crossed(before, self.step, self.cfg.eval.freq)),
         )
 
     def log(self, metrics: dict[str, float]) -> None:
@@ -201,16 +230,22 @@ class TrainingLoop:
         if shown:
             self._bar.set_postfix(shown)
 
-    def evaluate(self, policy: Policy) -> dict[str, Any]:
+    def evaluate(self, policy: Policy) -> dict[str, Any] | None:
         """Evaluate `policy` now, into `run_dir/eval/step_<step>/`, and log the aggregated results.
 
         Random states are saved and restored around the rollouts so that evaluating does not change the
-        training trajectory (a resumed run stays identical to an uninterrupted one).
+        training trajectory (a resumed run stays identical to an uninterrupted one). A stop signal abandons
+        the evaluation: nothing is logged and None is returned.
         """
         rng = get_rng_state()
         was_training = policy.training
+        self.eval_pending = False
         try:
-            info = evaluate(self.cfg, policy, self.run_dir / "eval" / f"step_{self.step:09d}")
+            with self._stop.evaluating() if self._stop is not None else contextlib.nullcontext():
+                info = evaluate(self.cfg, policy, self.run_dir / "eval" / f"step_{self.step:09d}")
+        except EvaluationInterrupted:
+            log.warning("evaluation at step %d abandoned for %s", self.step, self._stop.name)
+            return None
         finally:
             policy.train(was_training)
             set_rng_state(rng)

@@ -136,6 +136,9 @@ def train_offline(cfg: DictConfig, progress: bool = True) -> Path:
     with TrainingLoop(
         cfg, run_dir, start=step, resumed=resume_from is not None, unit="step", progress=progress
     ) as loop:
+        if loop.eval_pending:
+            with update.averaged_weights():
+                loop.evaluate(policy)
         while loop.running:
             t0 = time.perf_counter()
             batch = to_device(next(batches), device)
