@@ -50,6 +50,7 @@ def launch(args: list[str], prelude: str = "") -> subprocess.Popen:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        start_new_session=True,  # its own process group, which the signals go to (workers included)
     )
 
 
@@ -73,12 +74,13 @@ def train_steps(run: Path, split: str = "train") -> list[int]:
 
 
 def stop(proc: subprocess.Popen, *signums: int) -> tuple[int, str, float]:
-    """Send the signals (0.2 s apart); return the exit code, stderr and seconds from the first to the exit."""
+    """Send the signals (0.2 s apart) to the run's process group, as a terminal's Ctrl-C or a scheduler does;
+    return the exit code, stderr and seconds from the first signal to the exit."""
     t0 = time.monotonic()
     for i, signum in enumerate(signums):
         if i:
             time.sleep(0.2)
-        proc.send_signal(signum)
+        os.killpg(proc.pid, signum)
     _, err = proc.communicate(timeout=60)
     return proc.returncode, err, time.monotonic() - t0
 
@@ -94,7 +96,7 @@ def no_temp_dirs(run: Path) -> bool:
 def test_sigterm_saves_and_exits_0_then_relaunch_resumes(tmp_path, data_args, capsys):
     run = tmp_path / "run"
     args = diffusion_args(data_args, run)
-    proc = launch([*args, *ENDLESS])
+    proc = launch([*args, *ENDLESS, "training.num_workers=1"])  # the worker gets the SIGTERM too
     wait_for(lambda: len(train_steps(run)) >= 3, proc)
 
     # One writer per run directory: a second launch (this process) stops at once, naming the owner.
@@ -145,7 +147,7 @@ def test_ctrl_c_during_a_save(tmp_path, data_args, ctrl_c):
     proc = launch([*diffusion_args(data_args, run), *ENDLESS, "training.save_freq=3"], prelude=SLOW_SAVE)
     wait_for(lambda: (run / "saving").exists(), proc)  # inside the save of step 3
     if ctrl_c == 2:
-        proc.send_signal(signal.SIGINT)
+        os.killpg(proc.pid, signal.SIGINT)
         wait_for(lambda: (run / "saving").read_text().startswith(".tmp-000000004"), proc)
     code, err, seconds = stop(proc, signal.SIGINT)
     assert code == 130 and seconds < 30 and "Traceback" not in err, (code, err[-2000:])

@@ -157,4 +157,7 @@ def train_offline(cfg: DictConfig, progress: bool = True) -> Path:
             if due.eval:
                 with update.averaged_weights():
                     loop.evaluate(policy)
+    # Ends the loader's workers now: they ignore SIGTERM (see `make_dataloader`), so the exit-time
+    # terminate-and-join of multiprocessing must find none left.
+    del batches
     return run_dir
