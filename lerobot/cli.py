@@ -19,10 +19,14 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lerobot.config import CONFIG_DIR, ConfigError, env_config, validate_config
+
+if TYPE_CHECKING:
+    from lerobot.policies.pretrained import PretrainedSpec
 
 GROUPS = ("env", "policy")
 
@@ -38,22 +42,47 @@ def compose_config(
         search_path: more directories searched for `env/<name>.yaml` and `policy/<name>.yaml` (after
             `config_dir`).
     """
+    cfg, _ = _compose(overrides, config_dir, search_path)
+    return validate_config(cfg)
+
+
+def compose_train_config(overrides: list[str], search_path: Sequence[str | Path] = ()) -> DictConfig:
+    """`compose_config` for a training run: an unset `output_dir` becomes Hydra's `hydra.run.dir`
+    (`outputs/train/<date>/<time>_<env>_<policy>` unless overridden), as Hydra users expect."""
+    cfg, run_dir = _compose(overrides, CONFIG_DIR, search_path)
+    if cfg.output_dir is None:
+        cfg.output_dir = run_dir
+    return validate_config(cfg)
+
+
+def _compose(
+    overrides: list[str], config_dir: Path, search_path: Sequence[str | Path]
+) -> tuple[DictConfig, str]:
+    """The composed config without Hydra's own node, and the resolved `hydra.run.dir`."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
     dirs = [Path(config_dir), *(Path(d) for d in search_path)]
     _store_schemas(dirs)
-    overrides = list(overrides)
-    if search_path:
-        paths = ", ".join(f"'file://{Path(d).resolve()}'" for d in search_path)
-        overrides.append(f"hydra.searchpath=[{paths}]")
+    overrides = [*overrides, *search_path_override(search_path)]
     try:
         with initialize_config_dir(config_dir=str(Path(config_dir).resolve()), version_base=None):
-            cfg = compose(config_name="default", overrides=overrides)
+            cfg = compose(config_name="default", overrides=overrides, return_hydra_config=True)
+            run_dir = str(cfg.hydra.run.dir)
     except (HydraException, OmegaConfBaseException) as e:
         raise ConfigError(_hydra_message(e, dirs)) from None
-    return validate_config(cfg)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return cfg, run_dir
+
+
+def search_path_override(search_path: Sequence[str | Path]) -> list[str]:
+    """The `hydra.searchpath` override that adds `search_path` (empty when there is none)."""
+    if not search_path:
+        return []
+    paths = ", ".join(f"'file://{Path(d).resolve()}'" for d in search_path)
+    return [f"hydra.searchpath=[{paths}]"]
 
 
 def _store_schemas(dirs: list[Path]) -> None:
@@ -102,6 +131,7 @@ def _hydra_message(e: Exception, dirs: Sequence[Path]) -> str:
 
 
 def _expected_errors() -> tuple[type[BaseException], ...]:
+    from lerobot.policies.pretrained import PretrainedError
     from lerobot.rollout import EnvWorkerError
     from lerobot.training.checkpoint import CheckpointError
     from lerobot.training.common import TrainingDivergedError
@@ -109,6 +139,7 @@ def _expected_errors() -> tuple[type[BaseException], ...]:
 
     errors: list[type[BaseException]] = [
         ConfigError,
+        PretrainedError,
         CheckpointError,
         RunDirError,
         EnvWorkerError,
@@ -140,6 +171,18 @@ def _run(main, argv: list[str] | None) -> int:
             f"stopped by {e} without saving (a later relaunch resumes from checkpoints/last)", file=sys.stderr
         )
         return EXIT_CODES[e.signum]
+    except Exception as e:
+        from lerobot.training.checkpoint import no_space_error
+
+        full = no_space_error(e)
+        if full is None:
+            raise
+        # A full disk (or file size limit) anywhere else than in a checkpoint save, which says more itself.
+        print(
+            f"error: {full.strerror} writing {full.filename or 'a file'}: free space and run again",
+            file=sys.stderr,
+        )
+        return 2
 
 
 # ----------------------------------------------------------------------------------------------- train
@@ -149,10 +192,21 @@ def _train(argv: list[str] | None) -> int:
     )
     _add_config_dir_argument(parser)
     parser.add_argument(
+        "-m",
+        "--multirun",
+        action="store_true",
+        help="Hydra multirun: one job per combination of comma-separated values (seed=1,2,3), "
+        "launched by hydra/launcher (basic, submitit_local, submitit_slurm)",
+    )
+    parser.add_argument(
         "overrides", nargs="*", help="Hydra overrides, e.g. policy=diffusion env=pusht training.steps=100"
     )
     args = parser.parse_intermixed_args(argv)
-    cfg = compose_config(args.overrides, search_path=args.config_dir)
+    if args.multirun:
+        from lerobot.sweep import run_sweep
+
+        return run_sweep(args.overrides, search_path=args.config_dir)
+    cfg = compose_train_config(args.overrides, search_path=args.config_dir)
     from lerobot.training import train
     from lerobot.training.checkpoint import latest_checkpoint
     from lerobot.training.stop import EXIT_CODES, stop_on_signals
@@ -195,6 +249,23 @@ def checkpoint_config(ckpt_dir: Path, overrides: list[str], search_path: Sequenc
 
     # A plain (unstructured) copy, so that a whole env section can be swapped in before re-validation.
     cfg = OmegaConf.create(OmegaConf.to_container(load_config(ckpt_dir)))
+    return _with_eval_overrides(cfg, overrides, search_path)
+
+
+def pretrained_config(
+    spec: PretrainedSpec, overrides: list[str], search_path: Sequence[Path] = ()
+) -> DictConfig:
+    """The run config that evaluates a pretrained directory: its policy section and recorded env (a LeRobot
+    checkpoint records none: `env=NAME` is then required), with evaluation overrides."""
+    if spec.env is None and not any(o.partition("=")[0] == "env" for o in overrides):
+        options = ", ".join(group_options("env", [CONFIG_DIR, *search_path]))
+        raise ConfigError(f"{spec.path} records no env: pass env=NAME (available env options: {options})")
+    cfg = OmegaConf.create({"policy": spec.policy, **({"env": spec.env} if spec.env else {})})
+    return _with_eval_overrides(cfg, overrides, search_path)
+
+
+def _with_eval_overrides(cfg: DictConfig, overrides: list[str], search_path: Sequence[Path]) -> DictConfig:
+    """`cfg` with `env=NAME` (a whole env config swapped in) and dotted overrides applied, validated."""
     dotted = []
     for override in overrides:
         key, _, value = override.partition("=")
@@ -219,33 +290,35 @@ def checkpoint_config(ckpt_dir: Path, overrides: list[str], search_path: Sequenc
     return validate_config(cfg)
 
 
-def _check_features(trained: DictConfig, current: DictConfig) -> None:
-    """A checkpoint only runs on an env that produces the features it was trained on."""
-    want = {k: list(v.shape) for k, v in env_config(trained).features.items()}
-    have = {k: list(v.shape) for k, v in env_config(current).features.items()}
-    if want != have:
-        raise ConfigError(
-            f"the checkpoint was trained on env {trained.env.name!r} with features {want}, but env "
-            f"{current.env.name!r} provides {have}; evaluate it with env={trained.env.name}"
-        )
-
-
 def _eval(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(description="Evaluate a checkpoint or a baseline policy.")
-    parser.add_argument("--checkpoint", type=Path, help="checkpoint dir, run dir or checkpoints/ dir")
+    parser.add_argument(
+        "--checkpoint",
+        type=Path,
+        help="checkpoint dir, run dir, checkpoints/ dir, or a hub-layout dir (save_pretrained, LeRobot's)",
+    )
     parser.add_argument("--output-dir", type=Path, help="where eval_info.json and videos go")
     _add_config_dir_argument(parser)
     parser.add_argument("overrides", nargs="*", help="e.g. eval.n_episodes=50 eval.batch_size=10 device=cpu")
     args = parser.parse_intermixed_args(argv)
 
     from lerobot.policies.factory import make_policy, make_policy_config
-    from lerobot.training.checkpoint import load_config, load_policy, resolve_checkpoint_dir
+    from lerobot.policies.pretrained import check_env_features, load_weights, pretrained_dir, read_spec
+    from lerobot.training.checkpoint import CONFIG_FILE, check_features, load_policy, resolve_checkpoint_dir
     from lerobot.training.common import evaluate, resolve_device, set_seed
 
-    if args.checkpoint is not None:
+    run_checkpoint = args.checkpoint is not None and (args.checkpoint / CONFIG_FILE).exists()
+    if args.checkpoint is not None and not run_checkpoint and pretrained_dir(args.checkpoint) is not None:
+        # A hub-layout directory (save_pretrained's or a LeRobot pretrained_model), not a run's checkpoint.
+        spec = read_spec(args.checkpoint)
+        cfg = pretrained_config(spec, args.overrides, search_path=args.config_dir)
+        check_env_features(spec, env_config(cfg))
+        device = resolve_device(cfg.device)
+        policy = load_weights(spec, make_policy_config(cfg.policy, env_config(cfg))).to(device)
+    elif args.checkpoint is not None:
         ckpt = resolve_checkpoint_dir(args.checkpoint)
         cfg = checkpoint_config(ckpt, args.overrides, search_path=args.config_dir)
-        _check_features(load_config(ckpt), cfg)
+        check_features(ckpt, cfg)  # before building anything: one line naming the feature and both shapes
         device = resolve_device(cfg.device)
         policy, _ = load_policy(ckpt, device=device, cfg=cfg)
     else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,53 @@ import torch
 from lerobot.constants import DATA_ROOT_ENV
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
+# The user's own cache, wherever it is (before `_cache_in_tmp` points XDG_CACHE_HOME elsewhere). Nothing the
+# suite does in this process may write there: `_refuse_user_cache_writes` turns such a write into an error.
+_HOME_CACHE = str(Path.home() / ".cache")
+USER_CACHES = tuple(
+    os.path.abspath(os.path.join(base, "lerobot"))
+    for base in dict.fromkeys([os.environ.get("XDG_CACHE_HOME") or _HOME_CACHE, _HOME_CACHE])
+)
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+# Audit events that change the file system, with the positions of their path arguments.
+_FS_EVENTS = {
+    "os.mkdir": (0,),
+    "os.rename": (0, 1),
+    "os.remove": (0,),
+    "os.rmdir": (0,),
+    "os.truncate": (0,),
+    "os.symlink": (1,),
+    "os.link": (1,),
+    "os.utime": (0,),
+    "os.chmod": (0,),
+    "shutil.rmtree": (0,),
+}
+
+
+def in_user_cache(path: object) -> bool:
+    """Whether `path` (str, bytes or path-like; file descriptors are not paths) lies in the user's cache."""
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        return False
+    resolved = os.path.abspath(os.fsdecode(path))
+    return any(resolved == cache or resolved.startswith(cache + os.sep) for cache in USER_CACHES)
+
+
+def _refuse_user_cache_writes(event: str, args: tuple) -> None:
+    if event == "open":
+        path, mode, flags = args
+        writing = (mode is not None and any(c in mode for c in "wax+")) or bool((flags or 0) & _WRITE_FLAGS)
+        paths = (path,) if writing else ()
+    else:
+        paths = tuple(args[i] for i in _FS_EVENTS.get(event, ()))
+    for path in paths:
+        if in_user_cache(path):
+            raise PermissionError(
+                f"a test wrote into the user's cache ({event} {path}); write under tmp_path"
+            )
+
+
+sys.addaudithook(_refuse_user_cache_writes)
 
 # The suite must stay fast on 2 cores; several torch threads fighting over them only slows it down.
 torch.set_num_threads(1)

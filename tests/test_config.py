@@ -24,8 +24,8 @@ def _restated(section: dict, cls, allowed: frozenset = frozenset()) -> list[str]
     return [k for k, v in section.items() if k not in allowed and k in defaults and defaults[k] == v]
 
 
-def test_default_yaml_holds_only_the_defaults_list():
-    assert list(OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "default.yaml"))) == ["defaults"]
+def test_default_yaml_holds_only_the_defaults_list_and_hydra_settings():
+    assert list(OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "default.yaml"))) == ["defaults", "hydra"]
 
 
 @pytest.mark.parametrize("path", sorted((CONFIG_DIR / "env").glob("*.yaml")), ids=lambda p: p.stem)
@@ -35,13 +35,12 @@ def test_env_yaml_restates_no_default(path):
     assert _restated(env, EnvConfig, frozenset({"name"})) == []
 
 
-def test_experiment_yaml_restates_no_default():
-    exp = OmegaConf.to_container(
-        OmegaConf.load(CONFIG_DIR / "experiment" / "diffusion_pusht_keypoints_cpu.yaml")
-    )
-    assert _restated(exp["policy"], policy_config_class("diffusion")) == []
-    assert _restated(exp["training"], TrainingConfig) == []
-    assert _restated(exp["eval"], EvalConfig) == []
+@pytest.mark.parametrize("path", sorted((CONFIG_DIR / "experiment").glob("*.yaml")), ids=lambda p: p.stem)
+def test_experiment_yaml_restates_no_default(path):
+    exp = OmegaConf.to_container(OmegaConf.load(path))
+    assert _restated(exp.get("policy", {}), policy_config_class("diffusion")) == []
+    assert _restated(exp.get("training", {}), TrainingConfig) == []
+    assert _restated(exp.get("eval", {}), EvalConfig) == []
     top = {k: v for k, v in exp.items() if not isinstance(v, dict | list)}
     assert _restated(top, RootConfig) == []
 

@@ -39,15 +39,17 @@ H = W = 8
 ZARR = "pusht_cchi_v7_replay.zarr"
 
 
-def write_fake_zarr(path: Path, lengths=LENGTHS, seed: int = 0, img_chunk: int = 4) -> dict[str, np.ndarray]:
+def write_fake_zarr(
+    path: Path, lengths=LENGTHS, seed: int = 0, img_chunk: int = 4, image_size: int = H
+) -> dict[str, np.ndarray]:
     """A PushT-shaped zarr (format 2) with random content; returns the arrays written."""
     rng = np.random.default_rng(seed)
     n = sum(lengths)
-    state = np.column_stack([rng.uniform(50, 450, (n, 4)), rng.uniform(-3, 3, n)]).astype(np.float32)
+    state = np.column_stack([rng.uniform(50, 450, (n, 4)), rng.uniform(0, 2 * np.pi, n)]).astype(np.float32)
     # A few poses on the goal so that some rewards and successes are 1 / True.
     state[5:7, 2:5] = [256.0, 256.0, np.pi / 4]
     arrays = {
-        "data/img": rng.integers(0, 256, (n, H, W, 3)).astype(np.float32),
+        "data/img": rng.integers(0, 256, (n, image_size, image_size, 3)).astype(np.float32),
         "data/state": state,
         "data/action": rng.uniform(0, 512, (n, 2)).astype(np.float32),
         "data/keypoint": rng.uniform(0, 512, (n, 9, 2)).astype(np.float32),

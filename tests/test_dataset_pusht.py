@@ -1,7 +1,7 @@
 """The real PushT demonstrations (`pusht_data_root` fixture): counts, shapes, features, windows, statistics.
 
-The conversion goes to the user cache (`$XDG_CACHE_HOME/lerobot` or `~/.cache/lerobot`), the same place
-training uses, so it runs once per machine (~15 s) and later sessions only check its fingerprint.
+The conversion goes to the session's temporary cache (conftest points `$XDG_CACHE_HOME` there, never at the
+user's `~/.cache/lerobot`), so it runs once per test session.
 """
 
 from __future__ import annotations

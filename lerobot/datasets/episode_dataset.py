@@ -20,7 +20,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.numpy import load_file
 from torch.utils.data import Dataset, default_collate
 
 from lerobot.constants import INDEX, PAD_SUFFIX
@@ -31,8 +30,10 @@ from lerobot.datasets.format import (
     FRAME_INDEX,
     TIMESTAMP,
     DatasetError,
+    check_against_episode_stats,
     combine_stats,
     feature_file,
+    load_episode_stats,
     read_meta,
     stats_to_tensors,
 )
@@ -58,6 +59,10 @@ class EpisodeDataset(Dataset):
         stats_episodes: episodes the statistics are computed over (default: `episodes`); the validation
             split passes the training episodes here so both splits normalize alike.
         in_memory: read the arrays into RAM instead of memory-mapping them.
+
+    Opening checks every loaded numeric (non-image) array against the per-episode min/max written at
+    conversion, so a file changed or damaged since (NaN, 1e30) is a `DatasetError` naming the file, episode
+    and frame, not a NaN loss later (one pass over the numeric arrays; images are uint8 and hold no NaN).
 
     An item is a dict of tensors: images float32 (3, H, W) in [0, 1], other features float32 of their
     shape (booleans as 0/1), windows with a leading T axis, plus `episode_index`, `frame_index`, `index`
@@ -107,6 +112,8 @@ class EpisodeDataset(Dataset):
 
         self._arrays: dict[str, np.ndarray] = {}
         self._open_arrays()
+        self._episode_stats = load_episode_stats(self.root)
+        self._check_values()
         self._stats: dict[str, dict[str, torch.Tensor]] | None = None
 
     # ------------------------------------------------------------------------------------------- loading
@@ -144,6 +151,22 @@ class EpisodeDataset(Dataset):
                     f"{path}: holds {arr.dtype} {arr.shape}, meta.json says {info['dtype']} {expected}"
                 )
             self._arrays[key] = arr
+
+    def _check_values(self) -> None:
+        """Check the loaded numeric features against their per-episode min/max (see the class docstring)."""
+        for key in self.keys:
+            values = self._arrays[key]
+            stats = {n: self._episode_stats.get(f"{key}/{n}") for n in ("min", "max")}
+            # Features without statistics cannot be normalized either: `stats` names them when asked.
+            if self._is_image(key) or values.dtype == np.bool_ or any(v is None for v in stats.values()):
+                continue
+            check_against_episode_stats(
+                feature_file(self.root, key),
+                values,
+                stats,
+                self._all_ends,
+                self.root,
+            )
 
     def __getstate__(self) -> dict[str, Any]:
         # Memory maps would be pickled as full copies when workers are spawned; reopen them there instead.
@@ -193,12 +216,7 @@ class EpisodeDataset(Dataset):
         """
         if self._stats is None:
             path = self.root / EPISODE_STATS_FILE
-            try:
-                per_episode = load_file(path)
-            except (OSError, ValueError, RuntimeError) as e:
-                raise DatasetError(
-                    f"{path}: unreadable statistics ({e}); delete {self.root} to convert again"
-                ) from None
+            per_episode = self._episode_stats
             self._stats = {}
             for key in self.keys:
                 names = ("count", "sum", "sumsq", "min", "max")

@@ -10,18 +10,27 @@ A converted dataset is one directory (e.g. `~/.cache/lerobot/pusht/v1/`):
 `meta.json` is written last and the directory is renamed into place in one step, so a directory with a
 `meta.json` is always complete. Statistics for any subset of episodes (e.g. the training split) are combined
 exactly from the per-episode sums, so the split can be chosen at load time without re-reading the data.
+
+The per-episode min/max double as a fingerprint of the numeric arrays: `check_against_episode_stats` finds a
+value changed after conversion (NaN, 1e30) in milliseconds when a dataset is opened. Writers call
+`check_free_space` before writing and create large arrays with `open_preallocated_memmap`, so a full disk is
+an `OSError` (turned into one line by `out_of_space_error`) instead of a SIGBUS while pages are written back.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
+from safetensors.numpy import load_file
 
 FORMAT_VERSION = 1
 META_FILE = "meta.json"
@@ -36,6 +45,9 @@ BOOKKEEPING_KEYS = (EPISODE_INDEX, FRAME_INDEX, TIMESTAMP)
 
 STAT_NAMES = ("mean", "std", "min", "max")
 _SUFFICIENT = ("count", "sum", "sumsq", "min", "max")
+
+# errno values of a write that failed for lack of room (full disk, quota, file-size limit).
+_NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 class DatasetError(ValueError):
@@ -84,6 +96,94 @@ def read_meta(root: Path) -> dict[str, Any]:
     if ends.ndim != 1 or len(ends) == 0 or ends[-1] != meta["num_frames"] or np.any(np.diff(ends) <= 0):
         raise DatasetError(f"{path}: episode_ends must increase strictly and end at num_frames")
     return meta
+
+
+def load_episode_stats(root: Path) -> dict[str, np.ndarray]:
+    """Read `episode_stats.safetensors` of a converted dataset: {"<feature>/<count|sum|...>": (E, ...)}.
+
+    Raises:
+        DatasetError: the file is missing, truncated or corrupt (one line naming it and the fix).
+    """
+    path = Path(root) / EPISODE_STATS_FILE
+    try:
+        return load_file(path)
+    except (OSError, ValueError, RuntimeError, SafetensorError) as e:
+        raise DatasetError(
+            f"{path}: unreadable statistics ({type(e).__name__}: {e}); delete {root} to convert again"
+        ) from None
+
+
+def check_against_episode_stats(
+    path: Path, values: np.ndarray, episode_stats: dict[str, np.ndarray], episode_ends: np.ndarray, root: Path
+) -> None:
+    """Raise `DatasetError` unless every value lies within its episode's min/max recorded at conversion.
+
+    Catches a numeric array modified or damaged after conversion (NaN, inf, 1e30 written into `action.npy`)
+    before it reaches training; the min/max are the data's own extremes, so no tolerance is needed.
+    One pass of per-episode min/max over the (memory-mapped) array; only a failing episode is searched.
+
+    Args:
+        path: the array's file, for the message.
+        values: (N, *shape) the feature over all frames, episodes one after another.
+        episode_stats: {"min", "max"}: (E, *shape) per-episode extremes of this feature.
+        episode_ends: (E,) exclusive end frame of each episode.
+        root: the converted dataset's directory, named in the fix.
+    """
+    starts = np.concatenate([[0], episode_ends[:-1]]).astype(np.int64)
+    # In the array's own dtype: rounding is monotonic, so extremes an importer took before casting its data
+    # (e.g. float64 source -> float32 array) round to exactly the stored array's extremes.
+    lows, highs = (episode_stats[name].astype(values.dtype) for name in ("min", "max"))
+    # NaN propagates through minimum/maximum and fails both comparisons.
+    inside = (np.minimum.reduceat(values, starts, axis=0) >= lows) & (
+        np.maximum.reduceat(values, starts, axis=0) <= highs
+    )
+    if inside.all():
+        return
+    episode = int(np.argmin(inside.reshape(len(starts), -1).all(axis=1)))
+    start, end = int(starts[episode]), int(episode_ends[episode])
+    frames = np.asarray(values[start:end]).reshape(end - start, -1)
+    low, high = lows[episode].reshape(-1), highs[episode].reshape(-1)
+    frame, col = np.argwhere(~((frames >= low) & (frames <= high)))[0]
+    raise DatasetError(
+        f"{path}: episode {episode} frame {frame} (row {start + frame}) holds {frames[frame, col]:.6g}, outside "
+        f"the range [{low[col]:.6g}, {high[col]:.6g}] recorded at conversion (changed or damaged since); "
+        f"delete {root} to convert again"
+    )
+
+
+def check_free_space(directory: Path, needed_bytes: int) -> None:
+    """Raise `DatasetError` if the disk holding `directory` has less than `needed_bytes` free."""
+    free = shutil.disk_usage(directory).free
+    if free < needed_bytes:
+        raise DatasetError(_space_message(directory, needed_bytes, free, "not enough disk space"))
+
+
+def out_of_space_error(error: OSError, directory: Path, needed_bytes: int) -> DatasetError | None:
+    """The one-line `DatasetError` for a write that failed for lack of room, else None (another OSError)."""
+    if error.errno not in _NO_SPACE_ERRNOS:
+        return None
+    free = shutil.disk_usage(directory).free
+    return DatasetError(_space_message(directory, needed_bytes, free, f"ran out of space ({error.strerror})"))
+
+
+def _space_message(directory: Path, needed: int, free: int, problem: str) -> str:
+    return (
+        f"{directory}: {problem} while converting the dataset: it needs {needed / 1e6:.1f} MB there, "
+        f"{free / 1e6:.1f} MB are free; free some space or set dataset.cache_dir to a disk with room"
+    )
+
+
+def open_preallocated_memmap(path: Path, dtype: np.dtype | type, shape: tuple[int, ...]) -> np.memmap:
+    """A writable `.npy` memory map whose blocks are reserved on disk before any page is written.
+
+    `open_memmap` alone makes a sparse file: on a full disk the kernel finds out only when it writes a dirty
+    page back, and the process dies of SIGBUS. Reserving the blocks up front turns that into an `OSError`
+    (ENOSPC, or EFBIG under a file-size limit) here.
+    """
+    array = np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=shape)
+    with open(path, "r+b") as f:
+        os.posix_fallocate(f.fileno(), 0, os.fstat(f.fileno()).st_size)
+    return array
 
 
 def sufficient_stats(values: np.ndarray, channel_axis: int | None = None) -> dict[str, np.ndarray]:

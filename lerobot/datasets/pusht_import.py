@@ -13,6 +13,13 @@ The converted dataset goes to `<cache>/pusht/v1/` (see `lerobot.datasets.format`
 the source (episode boundaries, states and actions); a later call with the same source reuses it, a different
 source replaces it. Every write goes to a temporary sibling directory renamed into place at the end, so an
 interrupted run leaves no directory that looks like a dataset; leftovers of dead processes are removed.
+A conversion whose files were damaged or changed afterwards (truncated statistics, NaN written into an array)
+is converted again when the source is at hand. Free space is checked before writing, and a disk that fills
+up anyway ends in one `DatasetError` (not a SIGBUS), with the temporary directory removed.
+
+Values are checked against gym-pusht's bounds (`pusht_rules`: positions within the 512 px workspace, angle
+in [0, 2 pi], pixels 0-255): a bit flip in a compressed chunk can decode to a plausible-looking -1.2e32
+that would otherwise poison the statistics.
 
 Frame semantics of the derived features, for the frame `t` of an episode with frames `0..T-1`:
 
@@ -66,15 +73,25 @@ from lerobot.datasets.format import (
     TIMESTAMP,
     DatasetError,
     DatasetNotFoundError,
+    check_free_space,
     combine_stats,
     feature_file,
+    open_preallocated_memmap,
+    out_of_space_error,
     read_meta,
     stack_episode_stats,
     sufficient_stats,
     uint8_channel_stats,
     write_json_atomic,
 )
-from lerobot.datasets.pusht_rules import block_keypoints, coverage_reward
+from lerobot.datasets.pusht_rules import (
+    ACTION_HIGH,
+    ACTION_LOW,
+    STATE_HIGH,
+    STATE_LOW,
+    block_keypoints,
+    coverage_reward,
+)
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +102,8 @@ PUSHT_FPS = 10
 CONVERTED_NAME = f"v{FORMAT_VERSION}"
 # Bumped whenever the conversion's output changes without a format change (e.g. a fixed derivation), so
 # existing caches are rebuilt: it is part of the source fingerprint.
-CONVERTER_REVISION = 2
+# Revision 3 added the bounds checks: conversions made before them are checked (and rebuilt) once.
+CONVERTER_REVISION = 3
 
 # Arrays the conversion reads, with the trailing shape each must have (None: any size, e.g. image H/W).
 REQUIRED_ARRAYS: dict[str, tuple[int | None, ...]] = {
@@ -95,6 +113,9 @@ REQUIRED_ARRAYS: dict[str, tuple[int | None, ...]] = {
     "meta/episode_ends": (),
 }
 
+# Bytes per frame of the arrays written besides the image: float32 state (2), keypoints (16), action (2),
+# reward; bool success, done; int64 episode and frame index; float32 timestamp.
+_LOW_DIM_BYTES_PER_FRAME = 4 * (2 + 16 + 2 + 1) + 2 + 2 * 8 + 4
 # Images are converted this many frames at a time: large enough to amortize zarr's per-call overhead,
 # small enough (~180 MB of float32 at 96x96) to stay out of memory trouble.
 _IMAGE_BLOCK = 1600
@@ -347,6 +368,18 @@ def _is_current(out_dir: Path, fingerprint: str) -> bool:
     return meta.get("source", {}).get("fingerprint") == fingerprint
 
 
+def _is_intact(out_dir: Path) -> bool:
+    """Whether a current conversion still opens and passes its checks; if not, log why (it is rebuilt)."""
+    from lerobot.datasets.episode_dataset import EpisodeDataset  # the dataset module imports no importer
+
+    try:
+        EpisodeDataset(out_dir)
+    except (DatasetError, DatasetNotFoundError) as e:
+        log.warning("%s; converting again from the source", e)
+        return False
+    return True
+
+
 def _remove_stale_temps(parent: Path, name: str) -> None:
     """Delete temp/old directories of `name` left by processes that no longer run (crashes, kills)."""
     for leftover in parent.glob(f".{name}.*-*-*"):
@@ -381,28 +414,45 @@ def convert_pusht_zarr(zarr_path: Path, out_dir: Path, force: bool = False) -> P
     zarr_path, out_dir = Path(zarr_path), Path(out_dir)
     arrays = open_pusht_zarr(zarr_path)
     fingerprint = source_fingerprint(arrays, zarr_path)
-    if not force and _is_current(out_dir, fingerprint):
+    current = _is_current(out_dir, fingerprint)
+    if current and not force and _is_intact(out_dir):
         return out_dir
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_temps(out_dir.parent, out_dir.name)
+    needed = converted_bytes(arrays)
+    check_free_space(out_dir.parent, needed)
     tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
     try:
+        tmp.mkdir()
         t0 = time.perf_counter()
         _write_converted(arrays, zarr_path, tmp, fingerprint)
         seconds = time.perf_counter() - t0
-        _install(tmp, out_dir, fingerprint)
+        _install(tmp, out_dir, fingerprint, replace_current=current)
+    except OSError as e:
+        if (error := out_of_space_error(e, out_dir.parent, needed)) is not None:
+            raise error from None
+        raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     log.info("converted %s -> %s in %.1f s", zarr_path, out_dir, seconds)
     return out_dir
 
 
-def _install(tmp: Path, out_dir: Path, fingerprint: str) -> None:
-    """Rename the finished `tmp` to `out_dir`, replacing an outdated conversion; tolerate a racing twin."""
+def converted_bytes(arrays: dict[str, Any]) -> int:
+    """Bytes the conversion of the PushT zarr `arrays` writes (uint8 images plus the per-frame arrays)."""
+    num_frames, height, width, channels = arrays["data/img"].shape
+    return num_frames * (height * width * channels + _LOW_DIM_BYTES_PER_FRAME)
+
+
+def _install(tmp: Path, out_dir: Path, fingerprint: str, replace_current: bool) -> None:
+    """Rename the finished `tmp` to `out_dir`, replacing an outdated conversion; tolerate a racing twin.
+
+    `replace_current`: `out_dir` held this source's conversion when we started (forced or damaged), so
+    replace it even though its fingerprint matches.
+    """
     old = None
     if out_dir.exists():
-        if _is_current(out_dir, fingerprint):
+        if not replace_current and _is_current(out_dir, fingerprint):
             return  # another process finished the same conversion meanwhile
         old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         os.rename(out_dir, old)
@@ -418,16 +468,16 @@ def _install(tmp: Path, out_dir: Path, fingerprint: str) -> None:
 def _write_converted(arrays: dict[str, Any], src: Path, out: Path, fingerprint: str) -> None:
     """Write every feature array, the statistics and (last) `meta.json` into the directory `out`."""
     ends = _read(src, "meta/episode_ends", arrays["meta/episode_ends"]).astype(np.int64)
-    state = _read(src, "data/state", arrays["data/state"]).astype(np.float64)
+    state = _read(src, "data/state", arrays["data/state"])
     action = _read(src, "data/action", arrays["data/action"])
-    for name, values in (("data/state", state), ("data/action", action)):
-        if not np.all(np.isfinite(values)):
-            raise DatasetError(f"{src}/{name}: contains NaN or infinite values")
     num_frames, num_episodes = int(ends[-1]), len(ends)
     starts = np.concatenate([[0], ends[:-1]])
     lengths = ends - starts
     episode_index = np.repeat(np.arange(num_episodes), lengths)
     frame_index = np.arange(num_frames) - starts[episode_index]
+    _check_bounds(src, "data/state", state, STATE_LOW, STATE_HIGH, ends)
+    _check_bounds(src, "data/action", action, ACTION_LOW, ACTION_HIGH, ends)
+    state = state.astype(np.float64)
 
     # The state after action t is the recorded state t + 1 of the same episode; the last frame of an
     # episode has no successor and keeps its own pose.
@@ -495,6 +545,38 @@ def _write_converted(arrays: dict[str, Any], src: Path, out: Path, fingerprint: 
     write_json_atomic(out / META_FILE, meta)
 
 
+def _check_bounds(
+    src: Path, name: str, values: np.ndarray, low: np.ndarray, high: np.ndarray, ends: np.ndarray
+) -> None:
+    """Raise `DatasetError` naming the first value of `values` (N, D) outside [low, high] (D,) or NaN.
+
+    The bounds are cast to the array's dtype first: a float32 angle of 2 pi rounds up past float64's 2 pi.
+    """
+    low, high = low.astype(values.dtype), high.astype(values.dtype)
+    inside = (values >= low) & (values <= high)
+    if inside.all():
+        return
+    row, col = np.argwhere(~inside)[0]
+    raise DatasetError(
+        f"{src}/{name}: {_where(row, ends)} column {col} is {values[row, col]:.6g}, outside gym-pusht's "
+        f"bounds [{low[col]:.6g}, {high[col]:.6g}]; {_corrupt_source_fix(src)}"
+    )
+
+
+def _where(row: int, ends: np.ndarray) -> str:
+    """'episode e frame f (row r)' for global frame `row` given the exclusive episode `ends`."""
+    episode = int(np.searchsorted(ends, row, side="right"))
+    start = int(ends[episode - 1]) if episode else 0
+    return f"episode {episode} frame {row - start} (row {row})"
+
+
+def _corrupt_source_fix(src: Path) -> str:
+    return (
+        f"the source is damaged (e.g. a bit flip in a compressed chunk): replace {src} with an intact copy "
+        f"(delete it to download {PUSHT_URL} again, or point dataset.root at another copy)"
+    )
+
+
 def _write_images(
     img: Any, src: Path, out: Path, starts: np.ndarray, ends: np.ndarray
 ) -> tuple[tuple[int, ...], list[dict[str, np.ndarray]]]:
@@ -503,15 +585,20 @@ def _write_images(
     Channel-first uint8 is what a batch needs after a single float conversion, with no transpose per item.
     """
     num_frames, height, width, channels = img.shape
-    dest = np.lib.format.open_memmap(
-        feature_file(out, OBS_IMAGE), mode="w+", dtype=np.uint8, shape=(num_frames, channels, height, width)
+    dest = open_preallocated_memmap(
+        feature_file(out, OBS_IMAGE), dtype=np.uint8, shape=(num_frames, channels, height, width)
     )
     block = max(img.chunks[0], _IMAGE_BLOCK // img.chunks[0] * img.chunks[0])
     for lo in tqdm(range(0, num_frames, block), desc="converting images", unit="block", leave=False):
         hi = min(lo + block, num_frames)
         frames = _read(src, "data/img", img, slice(lo, hi))
-        if not (np.all(frames >= 0.0) and np.all(frames <= 255.0)):
-            raise DatasetError(f"{src}/data/img: frames {lo}..{hi - 1} hold values outside 0-255 (or NaN)")
+        inside = (frames >= 0.0) & (frames <= 255.0)
+        if not inside.all():
+            row = lo + int(np.argwhere(~inside)[0, 0])
+            raise DatasetError(
+                f"{src}/data/img: {_where(row, ends)} holds pixel values outside 0-255 (or NaN); "
+                f"{_corrupt_source_fix(src)}"
+            )
         dest[lo:hi] = np.rint(frames).astype(np.uint8).transpose(0, 3, 1, 2)
     dest.flush()
     stats = [uint8_channel_stats(dest[s:e]) for s, e in zip(starts, ends)]

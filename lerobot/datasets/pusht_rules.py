@@ -38,6 +38,15 @@ _STEM = [
     (_SCALE / 2, _SCALE),
 ]
 
+# The square workspace, in pixels: gym-pusht's action space and its positions span [0, WORKSPACE_SIZE].
+WORKSPACE_SIZE = 512.0
+# Bounds of gym-pusht's state observation (agent x, y, block x, y, block angle wrapped to [0, 2 pi]), the
+# layout of the recorded `data/state`; actions are target agent positions within the workspace.
+STATE_LOW = np.zeros(5)
+STATE_HIGH = np.array([WORKSPACE_SIZE] * 4 + [2 * np.pi])
+ACTION_LOW = np.zeros(2)
+ACTION_HIGH = np.full(2, WORKSPACE_SIZE)
+
 # Goal pose of the block (x, y, angle), fixed in gym-pusht.
 GOAL_POSE = np.array([256.0, 256.0, np.pi / 4])
 # Coverage above which an episode counts as a success (and terminates in the env).

@@ -10,12 +10,17 @@ import abc
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
 from lerobot.constants import OBS_PREFIX
+
+if TYPE_CHECKING:
+    from lerobot.config import EnvConfig
 
 
 class Policy(nn.Module, abc.ABC):
@@ -73,6 +78,29 @@ class Policy(nn.Module, abc.ABC):
     def optimizer_param_groups(self) -> list[dict]:
         """Parameter groups for the optimizer; by default one group of every trainable parameter."""
         return [{"params": [p for p in self.parameters() if p.requires_grad]}]
+
+    # ----------------------------------------------------------------- hub layout
+    @classmethod
+    def from_pretrained(
+        cls, path_or_repo_id: str | Path, device: str | torch.device = "cpu", revision: str | None = None
+    ) -> Policy:
+        """The policy saved in a directory or hub repo (this project's hub layout, a training checkpoint
+        directory, or a LeRobot `pretrained_model`), in eval mode on `device`; see
+        `lerobot.policies.pretrained`. Called on a subclass, the saved policy must be one of it."""
+        from lerobot.policies.pretrained import PretrainedError, load_pretrained
+
+        policy = load_pretrained(path_or_repo_id, device=device, revision=revision)
+        if not isinstance(policy, cls):
+            raise PretrainedError(f"{path_or_repo_id} holds a {type(policy).__name__}, not a {cls.__name__}")
+        return policy
+
+    def save_pretrained(self, save_dir: str | Path, env_cfg: EnvConfig | None = None) -> Path:
+        """Write `config.json` and `model.safetensors` (weights and normalization statistics) into
+        `save_dir`; `env_cfg`, when given, is recorded so that evaluation needs no env name. Returns
+        `save_dir`."""
+        from lerobot.policies.pretrained import save_pretrained
+
+        return save_pretrained(self, save_dir, env_cfg)
 
     # ----------------------------------------------------------------- acting
     @property

@@ -1,40 +1,72 @@
-"""Checkpoints: a directory per step, written atomically, loadable without any dataset.
+"""Checkpoints: a directory per step, written atomically, verified when read, loadable without any dataset.
 
 Layout of `run_dir/checkpoints/000001000/`:
 - `model.safetensors`: the weights to evaluate (the EMA weights when the policy trains with EMA), including
-  normalization statistics, which live in buffers.
+  normalization statistics, which live in buffers. Its header metadata records the policy config and the
+  feature shapes the weights were trained with, so that a checkpoint refuses an env or an architecture that
+  does not fit it, even when `config.yaml` was edited.
 - `config.yaml`: the fully resolved config of the run (env, policy, training, eval).
 - `training_state.pt` (optional): raw weights, optimizer, LR scheduler, EMA, RNG states, step, extras.
-`run_dir/checkpoints/last` is a symlink to the newest complete checkpoint.
+- `checksums.json`: the sha256 of every other file (`lerobot.training.checksums`), checked before each read.
+`run_dir/checkpoints/last` is a symlink to the newest complete checkpoint. A checkpoint is written into a
+temporary sibling (`.tmp-<step>-<random>-<host>@<pid>`) and renamed when complete; temporaries left by a
+killed run are removed (or, when complete, put in place) by `remove_stale_temporaries` when a run starts.
+Weights that are not finite are never saved.
 """
 
 from __future__ import annotations
 
+import errno
+import json
+import logging
 import os
 import random
+import secrets
 import shutil
-import tempfile
+import socket
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
-from safetensors.torch import load_file, save_file
+from safetensors import safe_open
+from safetensors.torch import save as safetensors_bytes
 
 from lerobot.config import env_config, validate_config
 from lerobot.policies.factory import available_policies, make_policy, make_policy_config, policy_config_class
 from lerobot.policies.policy import Policy
+from lerobot.training.checksums import (
+    ChecksumError,
+    file_sha256,
+    read_checksums,
+    verify_checksum,
+    write_checksums,
+)
+
+log = logging.getLogger(__name__)
 
 MODEL_FILE = "model.safetensors"
 CONFIG_FILE = "config.yaml"
 TRAINING_STATE_FILE = "training_state.pt"
 CHECKPOINTS_DIR = "checkpoints"
 LAST_LINK = "last"
+_TMP_PREFIX = ".tmp-"
+_LAST_TMP = f".{LAST_LINK}.tmp"
+# Keys of the weights' header metadata.
+_META_POLICY = "lerobot.policy"
+_META_FEATURES = "lerobot.features"
+_META_ENV = "lerobot.env"
+# errno values that mean "the disk (or the process's file size limit) has no room for this write".
+_NO_SPACE = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
 
 
 class CheckpointError(RuntimeError):
-    """A checkpoint is missing, incomplete or does not fit the policy/env it is loaded into."""
+    """A checkpoint is missing, incomplete, corrupt or does not fit the policy/env it is loaded into."""
+
+
+class NonFiniteWeightsError(CheckpointError):
+    """Weights hold NaN or infinite values (the training diverged): they are neither saved nor loaded."""
 
 
 def checkpoint_dir(run_dir: Path, step: int) -> Path:
@@ -42,6 +74,7 @@ def checkpoint_dir(run_dir: Path, step: int) -> Path:
     return Path(run_dir) / CHECKPOINTS_DIR / f"{step:09d}"
 
 
+# ------------------------------------------------------------------------------------------------ saving
 def save_checkpoint(
     run_dir: Path,
     step: int,
@@ -53,39 +86,226 @@ def save_checkpoint(
     """Write a checkpoint for `step` atomically and point `last` at it; return its directory.
 
     `eval_state_dict` replaces the policy's own weights in `model.safetensors` (e.g. EMA weights).
-    Everything is written into a temporary sibling directory that is renamed only when complete, so a
-    crash never leaves a directory that looks like a checkpoint.
+    Raises `NonFiniteWeightsError` (writing nothing) when the weights to save, or the policy's own, are not
+    finite, and `CheckpointError` naming the path and the space needed when the disk is full; in every
+    failure the temporary directory is removed and the previous checkpoints stay as they were.
     """
+    state = eval_state_dict if eval_state_dict is not None else policy.state_dict()
+    for named in (state, policy.state_dict()):
+        _raise_if_non_finite(named, f"not saving checkpoint {step:09d}: the weights after step {step}")
     final = checkpoint_dir(run_dir, step)
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".tmp-{step:09d}-"))
+    needed = _nbytes(state) + _nbytes(training_state)
+    free = shutil.disk_usage(final.parent).free
+    if free < needed:  # refuse before filling the disk up: other writers (logs, evaluations) need it too
+        raise CheckpointError(_no_space_message(run_dir, final, "no space left on device", needed, free))
+    tmp = _make_temporary(final.parent, step)
     try:
-        state = eval_state_dict if eval_state_dict is not None else policy.state_dict()
-        save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, tmp / MODEL_FILE)
+        tensors = {k: v.detach().contiguous().cpu() for k, v in state.items()}
+        # Written through a Python file (not safetensors' own writer): permissions follow the umask and a
+        # full disk raises OSError.
+        (tmp / MODEL_FILE).write_bytes(safetensors_bytes(tensors, metadata=_weights_metadata(cfg)))
         OmegaConf.save(cfg, tmp / CONFIG_FILE, resolve=True)
         if training_state is not None:
-            torch.save(training_state, tmp / TRAINING_STATE_FILE)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-    except BaseException:
+            with open(tmp / TRAINING_STATE_FILE, "wb") as f:
+                torch.save(training_state, f)
+        write_checksums(tmp)
+        _replace_dir(tmp, final)
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    link = final.parent / LAST_LINK
-    tmp_link = final.parent / f".{LAST_LINK}.tmp"
-    if tmp_link.is_symlink() or tmp_link.exists():
-        tmp_link.unlink()
-    tmp_link.symlink_to(final.name)
-    os.replace(tmp_link, link)
+        full = no_space_error(e)
+        if full is None:
+            raise
+        reason = f"{full.strerror} ({full.filename or tmp})"
+        free = shutil.disk_usage(final.parent).free
+        raise CheckpointError(_no_space_message(run_dir, final, reason, needed, free)) from None
+    set_last(run_dir, final)
     return final
 
 
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The checkpoint `last` points at, or None when the run has none."""
-    link = Path(run_dir) / CHECKPOINTS_DIR / LAST_LINK
-    if link.exists():
-        return link.resolve()
+def set_last(run_dir: Path, ckpt_dir: Path) -> None:
+    """Point `run_dir/checkpoints/last` at `ckpt_dir` (atomically: a new link renamed over the old one)."""
+    parent = Path(run_dir) / CHECKPOINTS_DIR
+    tmp_link = parent / _LAST_TMP
+    if tmp_link.is_symlink() or tmp_link.exists():
+        tmp_link.unlink()
+    tmp_link.symlink_to(Path(ckpt_dir).name)
+    os.replace(tmp_link, parent / LAST_LINK)
+
+
+def no_space_error(e: BaseException) -> OSError | None:
+    """The OSError saying that a disk or the file size limit is full, among `e` and its causes; else None.
+
+    torch wraps the OSError of a failed write into a RuntimeError, so the chain is searched.
+    """
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in _NO_SPACE:
+            return e
+        e = e.__cause__ or e.__context__
     return None
+
+
+def _make_temporary(parent: Path, step: int) -> Path:
+    """A new, empty temporary directory for `step` in `parent`, named after this host and process.
+
+    `os.mkdir` (not `tempfile.mkdtemp`, which makes it 0700) so that its mode follows the user's umask.
+    """
+    while True:
+        path = parent / f"{_TMP_PREFIX}{step:09d}-{secrets.token_hex(4)}-{socket.gethostname()}@{os.getpid()}"
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+
+
+def _replace_dir(tmp: Path, final: Path) -> None:
+    """Rename `tmp` to `final`; an existing `final` is first renamed aside (to a temporary name, so that
+    a kill in between leaves nothing that `remove_stale_temporaries` cannot sort out) and then removed."""
+    aside = None
+    if final.exists():
+        aside = _make_temporary(final.parent, int(final.name))
+        os.replace(final, aside)
+    os.replace(tmp, final)
+    _fsync_dir(final.parent)
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _weights_metadata(cfg: DictConfig) -> dict[str, str]:
+    """What the weights were trained with: the policy config, the env's name and its feature shapes."""
+    features = {k: list(v.shape) for k, v in env_config(cfg).features.items()}
+    return {
+        _META_POLICY: json.dumps(OmegaConf.to_container(cfg.policy, resolve=True)),
+        _META_FEATURES: json.dumps(features),
+        _META_ENV: str(cfg.env.name),
+    }
+
+
+def _nbytes(obj: Any) -> int:
+    """Bytes held by the tensors and arrays in a (nested) dict/list/tuple."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, np.ndarray):
+        return obj.nbytes
+    if isinstance(obj, dict):
+        return sum(_nbytes(v) for v in obj.values())
+    if isinstance(obj, list | tuple):
+        return sum(_nbytes(v) for v in obj)
+    return 0
+
+
+def _no_space_message(run_dir: Path, final: Path, reason: str, needed: int, free: int) -> str:
+    return (
+        f"cannot write checkpoint {final}: {reason}; it needs about {_mb(needed)} and {_mb(free)} are free "
+        f"there; nothing was changed ({_last_note(run_dir)}): free space (or raise the file size limit) and "
+        "resume with training.resume=true"
+    )
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB"
+
+
+# ------------------------------------------------------------------------------- finding and cleaning
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """The complete checkpoints of `run_dir` (weights and config present), oldest step first."""
+    parent = Path(run_dir) / CHECKPOINTS_DIR
+    if not parent.is_dir():
+        return []
+    found = [p for p in parent.iterdir() if p.name.isdigit() and p.is_dir() and _is_complete(p)]
+    return sorted(found, key=lambda p: int(p.name))
+
+
+def _is_complete(path: Path) -> bool:
+    return (path / MODEL_FILE).is_file() and (path / CONFIG_FILE).is_file()
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The checkpoint to continue `run_dir` from: the one `last` points at, or, when that link is missing
+    or dangling, the newest complete checkpoint; None when the run has none."""
+    link = Path(run_dir) / CHECKPOINTS_DIR / LAST_LINK
+    if link.exists() and _is_complete(link.resolve()):
+        return link.resolve()
+    found = list_checkpoints(run_dir)
+    if found and link.is_symlink():
+        log.warning(
+            "%s points at %s, which is missing or incomplete; using the newest complete checkpoint %s",
+            link,
+            os.readlink(link),
+            found[-1].name,
+        )
+    return found[-1] if found else None
+
+
+def remove_stale_temporaries(run_dir: Path) -> None:
+    """Remove the temporary checkpoint directories that killed runs left in `run_dir/checkpoints/`.
+
+    A temporary is stale when the process named in it is no longer alive on this host, when it was made on
+    another host (a run directory has one writer at a time) or by a version that did not name its writer.
+    A stale temporary that is complete and verifies against its checksums, while its step has no
+    checkpoint (a kill between renaming the old copy aside and the new one in place), becomes that
+    checkpoint; every other one is deleted.
+    """
+    parent = Path(run_dir) / CHECKPOINTS_DIR
+    if not parent.is_dir():
+        return
+    if (parent / _LAST_TMP).is_symlink():
+        (parent / _LAST_TMP).unlink()
+    stale = [p for p in parent.glob(f"{_TMP_PREFIX}*") if _writer_is_gone(p.name)]
+    freed, removed = 0, 0
+    for tmp in sorted(stale, key=lambda p: p.stat().st_mtime, reverse=True):  # newest copy of a step first
+        step = tmp.name[len(_TMP_PREFIX) :].split("-")[0]
+        final = parent / step
+        if step.isdigit() and not final.exists() and _verifies(tmp):
+            os.replace(tmp, final)
+            log.warning("recovered checkpoint %s from the complete temporary %s", final, tmp.name)
+            continue
+        if tmp.is_dir() and not tmp.is_symlink():
+            freed += sum(p.stat().st_size for p in tmp.rglob("*") if p.is_file() and not p.is_symlink())
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.unlink(missing_ok=True)
+        removed += 1
+    if removed:
+        log.info(
+            "removed %d stale temporary checkpoint directories from %s (%s)", removed, parent, _mb(freed)
+        )
+
+
+def _writer_is_gone(name: str) -> bool:
+    pid = name.rpartition("@")[2]
+    if not pid.isdigit():
+        return True
+    if not name.endswith(f"-{socket.gethostname()}@{pid}"):
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, owned by another user
+        return False
+    return False
+
+
+def _verifies(directory: Path) -> bool:
+    try:
+        sums = read_checksums(directory)
+    except ChecksumError:
+        return False
+    if not sums or not {MODEL_FILE, CONFIG_FILE} <= set(sums):
+        return False
+    return all((directory / n).is_file() and file_sha256(directory / n) == h for n, h in sums.items())
 
 
 def resolve_checkpoint_dir(path: Path | str) -> Path:
@@ -95,45 +315,169 @@ def resolve_checkpoint_dir(path: Path | str) -> Path:
         raise CheckpointError(f"checkpoint {path} does not exist")
     if (path / MODEL_FILE).exists() or (path / CONFIG_FILE).exists():
         return path
-    for candidate in (path / LAST_LINK, path / CHECKPOINTS_DIR / LAST_LINK):
-        if candidate.exists():
-            return candidate.resolve()
-    raise CheckpointError(f"{path} is not a checkpoint: it holds no {MODEL_FILE} and no checkpoints/last")
+    run_dir = path.parent if path.name == CHECKPOINTS_DIR else path
+    found = latest_checkpoint(run_dir)
+    if found is None:
+        raise CheckpointError(
+            f"{path} is not a checkpoint: it holds no {MODEL_FILE} and no complete checkpoint"
+        )
+    return found
+
+
+def other_checkpoints_hint(ckpt_dir: Path) -> str:
+    """What to use instead of the bad checkpoint `ckpt_dir`: the other complete ones of its run, if any."""
+    ckpt_dir = Path(ckpt_dir)
+    others = [p.name for p in list_checkpoints(ckpt_dir.parent.parent) if p.name != ckpt_dir.name]
+    if ckpt_dir.parent.name != CHECKPOINTS_DIR or not others:
+        return "no other checkpoint of this run exists: train again"
+    return (
+        f"use an earlier checkpoint of this run ({', '.join(others)} in {ckpt_dir.parent}): evaluate one with "
+        f"--checkpoint {ckpt_dir.parent}/<step>; to resume from {others[-1]}, move {ckpt_dir.name} out of "
+        "checkpoints/"
+    )
+
+
+# ----------------------------------------------------------------------------------------------- loading
+def _verified(ckpt_dir: Path, name: str) -> Path:
+    """`ckpt_dir/name`, after checking it against the checkpoint's checksums (a `CheckpointError` if not)."""
+    path = Path(ckpt_dir) / name
+    if not path.exists():
+        raise CheckpointError(
+            f"checkpoint {ckpt_dir} is incomplete: {name} is missing; {other_checkpoints_hint(ckpt_dir)}"
+        )
+    try:
+        verify_checksum(ckpt_dir, name)
+    except ChecksumError as e:
+        raise CheckpointError(f"{e}; {other_checkpoints_hint(ckpt_dir)}") from None
+    return path
 
 
 def load_config(ckpt_dir: Path) -> DictConfig:
-    """The validated run config stored in a checkpoint."""
-    path = Path(ckpt_dir) / CONFIG_FILE
+    """The validated run config stored in a checkpoint.
+
+    A `config.yaml` that differs from its saved checksum but is still a valid config was edited on purpose:
+    that is only a warning (the weights' own record then catches a changed architecture or feature).
+    """
+    ckpt_dir = Path(ckpt_dir)
+    path = ckpt_dir / CONFIG_FILE
     if not path.exists():
         raise CheckpointError(f"checkpoint {ckpt_dir} is incomplete: {CONFIG_FILE} is missing")
     try:
+        verify_checksum(ckpt_dir, CONFIG_FILE)
+        changed = None
+    except ChecksumError as e:
+        changed = str(e)
+    try:
         cfg = OmegaConf.load(path)
+        if not isinstance(cfg, DictConfig) or "env" not in cfg or "policy" not in cfg:
+            kind = "empty" if not path.read_text().strip() else "corrupt (no env and policy sections)"
+            raise CheckpointError(f"{path} is {kind}: the checkpoint's config is lost")
         name = OmegaConf.select(cfg, "policy.name")
         if name in available_policies():  # keys an older version saved, in today's places
             policy_config_class(name).upgrade_saved(cfg.policy)
-        return validate_config(cfg)
+        cfg = validate_config(cfg)
     except Exception as e:
-        raise CheckpointError(f"{path} is not a valid config: {e}") from None
+        reason = str(e) if isinstance(e, CheckpointError) else f"{path} is not a valid config: {e}"
+        if changed is not None and not isinstance(e, CheckpointError):
+            reason = f"{reason} ({changed})"
+        raise CheckpointError(f"{reason}; {other_checkpoints_hint(ckpt_dir)}") from None
+    if changed is not None:
+        log.warning("%s was modified after it was saved (%s)", path, changed)
+    return cfg
+
+
+def load_weights(ckpt_dir: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The verified, finite weights of a checkpoint and their header metadata (empty for older checkpoints)."""
+    path = _verified(ckpt_dir, MODEL_FILE)
+    try:
+        with safe_open(path, framework="pt") as f:
+            metadata = f.metadata() or {}
+            state = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is not a mapping)
+    except Exception as e:  # safetensors raises several types for corrupt files
+        raise CheckpointError(
+            f"{path} is corrupt or truncated ({e}); {other_checkpoints_hint(ckpt_dir)}"
+        ) from None
+    try:
+        _raise_if_non_finite(state, f"the weights in {path} (saved by a run that had diverged)")
+    except NonFiniteWeightsError as e:
+        raise NonFiniteWeightsError(f"{e}; {other_checkpoints_hint(ckpt_dir)}") from None
+    return state, metadata
+
+
+def weights_metadata(ckpt_dir: Path) -> dict[str, str]:
+    """The header metadata of a checkpoint's weights (without reading the tensors); {} when it has none."""
+    path = Path(ckpt_dir) / MODEL_FILE
+    try:
+        with safe_open(path, framework="pt") as f:
+            return f.metadata() or {}
+    except Exception as e:
+        raise CheckpointError(
+            f"{path} is corrupt or truncated ({e}); {other_checkpoints_hint(ckpt_dir)}"
+        ) from None
+
+
+def check_features(ckpt_dir: Path, cfg: DictConfig) -> None:
+    """Raise `CheckpointError` naming the first feature whose shape differs between what the checkpoint's
+    weights were trained with and what the env of `cfg` provides (or that only one side has)."""
+    ckpt_dir = Path(ckpt_dir)
+    meta = weights_metadata(ckpt_dir) if (ckpt_dir / MODEL_FILE).exists() else {}
+    if _META_FEATURES in meta:
+        want, trained_env = json.loads(meta[_META_FEATURES]), meta.get(_META_ENV, "?")
+    else:  # saved before the weights recorded their features: the config is the record
+        trained = load_config(ckpt_dir)
+        want = {k: list(v.shape) for k, v in env_config(trained).features.items()}
+        trained_env = trained.env.name
+    env = env_config(cfg)
+    have = {k: list(v.shape) for k, v in env.features.items()}
+    problems = []
+    for key in sorted(want.keys() | have.keys()):
+        if key not in have:
+            problems.append(f"the checkpoint needs feature {key!r} {want[key]}, which env {env.name!r} lacks")
+        elif key not in want:
+            problems.append(f"env {env.name!r} gives feature {key!r} {have[key]}, which the checkpoint lacks")
+        elif want[key] != have[key]:
+            problems.append(
+                f"feature {key!r} has shape {want[key]} in the checkpoint but {have[key]} in env {env.name!r}"
+            )
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise CheckpointError(
+            f"{problems[0]}{more}; evaluate it on the env it was trained on (env={trained_env}, with the "
+            "observation size it was trained with)"
+        )
 
 
 def load_policy(ckpt_dir: Path | str, device: str | torch.device = "cpu", cfg: DictConfig | None = None):
     """Rebuild the policy of a checkpoint from its config and weights; return `(policy, cfg)`.
 
-    `cfg` (optional) replaces the stored config, e.g. with evaluation overrides applied.
+    `cfg` (optional) replaces the stored config, e.g. with evaluation overrides applied. The weights are
+    verified against their checksum and must be finite; a policy config whose architecture differs from
+    the one the weights were trained with is refused, naming the differing fields and shapes.
     """
     ckpt_dir = resolve_checkpoint_dir(ckpt_dir)
     cfg = load_config(ckpt_dir) if cfg is None else cfg
     policy_cfg = make_policy_config(cfg.policy, env_config(cfg))
     policy = make_policy(policy_cfg)
+    state, metadata = load_weights(ckpt_dir)
     weights = ckpt_dir / MODEL_FILE
-    if not weights.exists():
-        raise CheckpointError(f"checkpoint {ckpt_dir} is incomplete: {MODEL_FILE} is missing")
-    try:
-        state = load_file(weights)
-    except Exception as e:  # safetensors raises several types for corrupt files
+    own = policy.state_dict()
+    differ = [
+        (k, tuple(state[k].shape), tuple(v.shape))
+        for k, v in own.items()
+        if k in state and state[k].shape != v.shape
+    ]
+    if differ:
+        saved = json.loads(metadata[_META_POLICY]) if _META_POLICY in metadata else None
+        if saved is None:  # older checkpoint: compare with its config.yaml (catches command-line overrides)
+            saved = OmegaConf.to_container(load_config(ckpt_dir).policy, resolve=True)
+        fields = _differences(saved, OmegaConf.to_container(cfg.policy, resolve=True), "policy")
+        named = "; ".join(f"{k}={b} but the weights were trained with {a}" for k, a, b in fields[:3])
+        key, a, b = differ[0]
         raise CheckpointError(
-            f"{weights} is corrupt or truncated ({e}); re-save or pick another checkpoint"
-        ) from None
+            f"{weights} does not fit the configured policy ({named or 'its architecture differs'}): "
+            f"{len(differ)} tensors differ in shape, e.g. {key} is {list(a)} in the checkpoint and {list(b)} "
+            "in the model; drop the override (or restore config.yaml)"
+        )
     missing, unexpected = policy.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise CheckpointError(
@@ -143,17 +487,58 @@ def load_policy(ckpt_dir: Path | str, device: str | torch.device = "cpu", cfg: D
     return policy.to(device), cfg
 
 
+def _differences(a: Any, b: Any, prefix: str) -> list[tuple[str, Any, Any]]:
+    """(dotted key, value in `a`, value in `b`) for every leaf where two nested dicts differ."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for key in sorted(a.keys() | b.keys()):
+            out += _differences(a.get(key), b.get(key), f"{prefix}.{key}")
+        return out
+    return [] if a == b else [(prefix, a, b)]
+
+
 def load_training_state(ckpt_dir: Path) -> dict[str, Any]:
-    """The optimizer/scheduler/EMA/RNG/step state saved next to the weights."""
+    """The optimizer/scheduler/EMA/RNG/step state saved next to the weights, verified and checked finite."""
     path = Path(ckpt_dir) / TRAINING_STATE_FILE
     if not path.exists():
         raise CheckpointError(f"cannot resume from {ckpt_dir}: {TRAINING_STATE_FILE} is missing")
+    _verified(ckpt_dir, TRAINING_STATE_FILE)
     try:
-        return torch.load(path, map_location="cpu", weights_only=False)
+        state = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as e:
-        raise CheckpointError(f"{path} is corrupt ({e})") from None
+        raise CheckpointError(f"{path} is corrupt ({e}); {other_checkpoints_hint(ckpt_dir)}") from None
+    weights = dict(state.get("model") or {})
+    ema = state.get("ema") or {}
+    weights.update({f"ema.shadow_params.{i}": t for i, t in enumerate(ema.get("shadow_params", []))})
+    try:
+        _raise_if_non_finite(weights, f"the weights in {path} (saved by a run that had diverged)")
+    except NonFiniteWeightsError as e:
+        raise NonFiniteWeightsError(f"{e}; {other_checkpoints_hint(ckpt_dir)}") from None
+    return state
 
 
+def _raise_if_non_finite(state: dict[str, torch.Tensor], what: str) -> None:
+    """Raise `NonFiniteWeightsError` naming the first floating tensor of `state` with a NaN or inf."""
+    floats = {k: v for k, v in state.items() if isinstance(v, torch.Tensor) and v.is_floating_point()}
+    if not floats:
+        return
+    # One reduction and one host sync for the whole state dict, not one per tensor.
+    flags = torch.stack([torch.isfinite(v).all() for v in floats.values()])
+    if bool(flags.all()):
+        return
+    key = list(floats)[int((~flags).nonzero()[0])]
+    bad = floats[key][~torch.isfinite(floats[key])]
+    raise NonFiniteWeightsError(
+        f"{what} are not finite ({key} holds {bad.numel()} values like {bad[0].item()})"
+    )
+
+
+def _last_note(run_dir: Path) -> str:
+    last = latest_checkpoint(run_dir)
+    return f"the newest checkpoint is {last.name}" if last is not None else "no checkpoint was saved yet"
+
+
+# ---------------------------------------------------------------------------------------- random states
 def get_rng_state() -> dict[str, Any]:
     """Python, numpy and torch (CPU and CUDA) random states."""
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}

@@ -18,6 +18,7 @@ from lerobot.envs import make_env, resolve_use_async
 from lerobot.policies.factory import inference_context
 from lerobot.policies.policy import Policy
 from lerobot.rollout import eval_policy
+from lerobot.training.checkpoint import remove_stale_temporaries
 from lerobot.training.run_dir import lock_run_dir, release_run_dir, resume_checkpoint
 
 log = logging.getLogger(__name__)
@@ -47,8 +48,9 @@ def setup_run(cfg: DictConfig) -> tuple[Path, Path | None]:
     """Create (or find) the run directory and lock it; return it and the checkpoint to resume from, if any.
 
     Without `output_dir` a new, timestamped directory is made (so nothing is resumed automatically). The
-    lock (`lerobot.training.run_dir`) is taken before anything is read or written, and released when the
-    trainer's `TrainingLoop` ends; `training.resume` decides between resuming and a fresh start.
+    lock (`lerobot.training.run_dir`) is taken before anything is read or written (stale checkpoint
+    temporaries are cleared under it), and released when `lerobot.training.train` returns; `training.resume`
+    decides between resuming and a fresh start.
     """
     if cfg.output_dir is None:
         if cfg.training.resume == "true":
@@ -62,6 +64,9 @@ def setup_run(cfg: DictConfig) -> tuple[Path, Path | None]:
     run_dir = Path(cfg.output_dir)
     lock_run_dir(run_dir)
     try:
+        remove_stale_temporaries(
+            run_dir
+        )  # before looking for checkpoints: a complete one may be put in place
         resume_from = resume_checkpoint(cfg, run_dir)
     except BaseException:
         release_run_dir(run_dir)

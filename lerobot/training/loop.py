@@ -104,10 +104,7 @@ class TrainStep:
             output = self.policy.forward(batch)
         loss = output["loss"]
         if not torch.isfinite(loss):
-            raise TrainingDivergedError(
-                f"loss is {loss.item()} at {where}; stopping. The run's last good checkpoint (if one was "
-                "saved) is checkpoints/last; lower the learning rate or training.grad_clip_norm"
-            )
+            raise TrainingDivergedError(f"loss is {loss.item()} at {where}; stopping")
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.grad_clip_norm)
@@ -116,6 +113,15 @@ class TrainStep:
         if self.ema is not None:
             self.ema.step(self.policy.parameters())
         return {**{k: v.detach() for k, v in output.items()}, "grad_norm": grad_norm}
+
+    def advice(self) -> str:
+        """What to change when this update diverges (gradients are already clipped, so not that)."""
+        amp = "train in fp32 (training.use_amp=false), " if self.use_amp else ""
+        return (
+            f"the gradients were already clipped to training.grad_clip_norm={self.grad_clip_norm}: {amp}lower "
+            f"the learning rate (policy.optimizer_lr, now {self.optimizer.defaults['lr']:g}) and check the "
+            "dataset statistics (a feature with a near-zero std blows up its normalized values)"
+        )
 
     @property
     def lr(self) -> float:

@@ -21,8 +21,10 @@ from lerobot.policies.config import PolicyConfig
 from lerobot.policies.factory import make_policy, make_policy_config
 from lerobot.policies.online_policy import OnlinePolicy
 from lerobot.policies.policy import Policy
+from lerobot.policies.pretrained import write_hub_config
 from lerobot.training.checkpoint import get_rng_state, load_training_state, save_checkpoint, set_rng_state
 from lerobot.training.common import resolve_device, set_seed, setup_run
+from lerobot.training.divergence import DivergenceGuard
 from lerobot.training.loop import TrainingLoop, TrainStep, to_device
 
 log = logging.getLogger(__name__)
@@ -76,7 +78,8 @@ class _LogWindow:
 
 
 def save(run_dir: Path, step: int, policy: Policy, update: TrainStep, cfg: DictConfig) -> None:
-    """Checkpoint `step`: the EMA weights (when used) as the model, everything `restore` needs besides."""
+    """Checkpoint `step`: the EMA weights (when used) as the model, everything `restore` needs besides, and
+    `config.json`, which makes the checkpoint directory a hub-layout pretrained directory too."""
     training_state = {
         "model": policy.state_dict(),
         "optimizer": update.optimizer.state_dict(),
@@ -87,7 +90,9 @@ def save(run_dir: Path, step: int, policy: Policy, update: TrainStep, cfg: DictC
     }
     with update.averaged_weights():
         model = {k: v.clone() for k, v in policy.state_dict().items()}
-    save_checkpoint(run_dir, step, policy, cfg, training_state, eval_state_dict=model)
+    ckpt = save_checkpoint(run_dir, step, policy, cfg, training_state, eval_state_dict=model)
+    # With config.json next to model.safetensors the checkpoint is also a hub-layout pretrained directory.
+    write_hub_config(ckpt, policy.config, env_config(cfg))
 
 
 def restore(ckpt_dir: Path, policy: Policy, update: TrainStep) -> tuple[int, dict[str, Any]]:
@@ -133,9 +138,12 @@ def train_offline(cfg: DictConfig, progress: bool = True) -> Path:
         set_rng_state(rng)
 
     window = _LogWindow(batch_size)
-    with TrainingLoop(
-        cfg, run_dir, start=step, resumed=resume_from is not None, unit="step", progress=progress
-    ) as loop:
+    with (
+        TrainingLoop(
+            cfg, run_dir, start=step, resumed=resume_from is not None, unit="step", progress=progress
+        ) as loop,
+        DivergenceGuard(run_dir, update.advice()) as guard,
+    ):
         if loop.eval_pending:
             with update.averaged_weights():
                 loop.evaluate(policy)
@@ -144,6 +152,7 @@ def train_offline(cfg: DictConfig, progress: bool = True) -> Path:
             batch = to_device(next(batches), device)
             t1 = time.perf_counter()
             output = update(batch, where=f"step {loop.step + 1}")
+            guard.updated()
             if device.type == "cuda":
                 torch.cuda.synchronize()  # so that update_s measures the update, not its launch
             window.add(data_s=t1 - t0, update_s=time.perf_counter() - t1)
@@ -154,6 +163,7 @@ def train_offline(cfg: DictConfig, progress: bool = True) -> Path:
                 loop.log({**scalars, "lr": update.lr, **window.pop()})
             if due.checkpoint:
                 save(run_dir, loop.step, policy, update, cfg)
+                guard.saved(loop.step)
             if due.eval:
                 with update.averaged_weights():
                     loop.evaluate(policy)

@@ -38,7 +38,6 @@ import numpy as np
 import torch
 from gymnasium.vector import AutoresetMode
 from omegaconf import DictConfig
-from safetensors.torch import load_file
 
 from lerobot.config import ConfigError, EnvConfig, env_config
 from lerobot.constants import ACTION, EPISODE_INDEX, NEXT_REWARD
@@ -47,13 +46,14 @@ from lerobot.policies.config import PolicyConfig
 from lerobot.policies.factory import make_policy, make_policy_config
 from lerobot.policies.online_policy import OnlinePolicy
 from lerobot.training.checkpoint import (
-    MODEL_FILE,
     get_rng_state,
     load_training_state,
+    load_weights,
     save_checkpoint,
     set_rng_state,
 )
 from lerobot.training.common import resolve_device, set_seed, setup_run
+from lerobot.training.divergence import DivergenceGuard
 from lerobot.training.loop import TrainingLoop, TrainStep, to_device
 from lerobot.training.replay_buffer import ReplayBuffer, sample_mixed
 
@@ -337,7 +337,7 @@ def restore(
 
     The replay buffer is restored when the checkpoint holds one, else `buffer` stays empty.
     """
-    policy.load_state_dict(load_file(ckpt_dir / MODEL_FILE))
+    policy.load_state_dict(load_weights(ckpt_dir)[0])
     state = load_training_state(ckpt_dir)
     update.optimizer.load_state_dict(state["optimizer"])
     update.scheduler.load_state_dict(state["lr_scheduler"])
@@ -388,6 +388,7 @@ def train_online(cfg: DictConfig, progress: bool = True) -> Path:
         TrainingLoop(
             cfg, run_dir, start=counts.transitions, resumed=resumed, unit="tr", progress=progress
         ) as loop,
+        DivergenceGuard(run_dir, update.advice()) as guard,
     ):
         if loop.eval_pending:
             loop.evaluate(policy)
@@ -405,6 +406,7 @@ def train_online(cfg: DictConfig, progress: bool = True) -> Path:
                 batch = sample_mixed(buffer, demos, policy_cfg.batch_size, horizon, tcfg.offline_ratio)
                 where = f"update {counts.updates + 1} ({counts.transitions} transitions)"
                 output = update(to_device(batch, device), where=where)
+                guard.updated()
                 policy.update_target()
                 counts.updates += 1
                 window.add_update(output)
@@ -418,6 +420,7 @@ def train_online(cfg: DictConfig, progress: bool = True) -> Path:
             if due.checkpoint:
                 state = checkpoint_state(update, schedule, counts, buffer if tcfg.save_buffer else None)
                 save_checkpoint(run_dir, counts.transitions, policy, cfg, state)
+                guard.saved(counts.transitions)
             if due.eval:
                 loop.evaluate(policy)
                 # The evaluation envs went through the policy: back to a clean state for the train envs.

@@ -1,0 +1,372 @@
+"""Load a LeRobot (0.4 - 0.6) Diffusion Policy `pretrained_model` directory into this project's `DiffusionPolicy`.
+
+LeRobot saves `config.json` (its `DiffusionConfig`), `model.safetensors` (its module names) and, since 0.4,
+the normalization statistics only in its processor pipelines: `policy_preprocessor.json` names a
+`normalizer_processor` step whose state file (`policy_preprocessor_step_<i>_normalizer_processor.safetensors`,
+`i` the step's index in the pipeline) holds flat `<feature>.<stat>` tensors, and `policy_postprocessor.json`
+an `unnormalizer_processor` for the actions. Both networks compute the same function once the names are
+mapped (see docs/lerobot_checkpoints.md for the table):
+
+- U-Net: `diffusion.unet.{diffusion_step_encoder, down_modules, mid_modules, up_modules, final_conv}` ->
+  `unet.{step_encoder, down, mid, up, final}`; inside the blocks `conv{1,2}.block.<i>` -> `conv{1,2}.<i>`,
+  `cond_encoder` -> `film`, `residual_conv` -> `skip`. Conv1d weights `(C_out, C_in, k)` become the
+  `(C_out, C_in * k)` matrices of `TemporalConv1d` (a view of the same numbers).
+- Conditioning order: per observation step LeRobot concatenates `[state, image features, env_state]`, this
+  project `[state, env_state, image features]`; with both inputs the columns of every FiLM layer's input
+  weight are reordered to match (`conditioning_order`).
+- Image encoder: the ResNet keeps its names (`backbone.*`, BatchNorm names even where GroupNorm replaced
+  it), `pool.nets` -> `pool.keypoint_proj`, `out` -> `out.0`; LeRobot's stored keypoint grid (`pool.pos_grid`)
+  is checked against this project's and dropped.
+
+What cannot be mapped is refused with one line naming the field: another policy type or vision backbone,
+image resizing, a separate encoder per camera with several cameras, quantile normalization, processor steps other than
+renaming (empty), batching, device and (un)normalization, and unknown config fields.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+
+from lerobot.config import FeatureConfig
+from lerobot.constants import ACTION_KIND, ENV_STATE, STATE, VISUAL
+from lerobot.policies.config import PolicyConfig
+from lerobot.policies.diffusion.modeling import DiffusionPolicy
+from lerobot.policies.factory import make_policy
+from lerobot.policies.normalize import IDENTITY, MEAN_STD, MIN_MAX, Unnormalize
+from lerobot.policies.policy import Policy
+from lerobot.policies.pretrained import MODEL_FILE, PretrainedError, load_state_checked, read_json
+
+LEROBOT_TYPE = "diffusion"
+SOURCE = "lerobot-0.6"
+
+_KINDS = {"STATE": STATE, "ENV": ENV_STATE, "VISUAL": VISUAL, "ACTION": ACTION_KIND}
+_MODES = {"MEAN_STD": MEAN_STD, "MIN_MAX": MIN_MAX, "IDENTITY": IDENTITY}
+# Fields with the same name and meaning in both configs.
+_COPIED = (
+    "n_obs_steps",
+    "horizon",
+    "n_action_steps",
+    "vision_backbone",
+    "crop_shape",
+    "crop_is_random",
+    "use_group_norm",
+    "spatial_softmax_num_keypoints",
+    "down_dims",
+    "kernel_size",
+    "n_groups",
+    "diffusion_step_embed_dim",
+    "use_film_scale_modulation",
+    "noise_scheduler_type",
+    "num_train_timesteps",
+    "beta_schedule",
+    "beta_start",
+    "beta_end",
+    "prediction_type",
+    "clip_sample",
+    "clip_sample_range",
+    "num_inference_steps",
+    "do_mask_loss_for_padding",
+    "optimizer_lr",
+    "optimizer_betas",
+    "optimizer_eps",
+    "optimizer_weight_decay",
+    "scheduler_name",
+    "scheduler_warmup_steps",
+)
+# Fields read by the conversion itself (checked, translated or dropped on purpose).
+_HANDLED = (
+    "type",
+    "input_features",
+    "output_features",
+    "normalization_mapping",
+    "resize_shape",
+    "crop_ratio",
+    "pretrained_backbone_weights",
+    "use_separate_rgb_encoder_per_camera",
+    "use_peft",
+)
+# Runtime and training-only settings that do not change what the loaded model computes.
+_IGNORED = (
+    "device",
+    "use_amp",
+    "push_to_hub",
+    "repo_id",
+    "private",
+    "tags",
+    "license",
+    "pretrained_path",
+    "pretrained_revision",
+    "drop_n_last_frames",
+    "gradient_checkpointing",
+    "compile_model",
+    "compile_mode",
+)
+# Processor steps that do nothing this project's evaluation does not already do.
+_NEUTRAL_STEPS = {"to_batch_processor", "device_processor"}
+
+# LeRobot module names -> this project's, applied in order to every weight name.
+_RENAMES = (
+    (r"^diffusion\.", ""),
+    (r"\._orig_mod\.", "."),  # the wrapper of a torch.compile'd U-Net (compile_model=true)
+    (r"^unet\.diffusion_step_encoder\.", "unet.step_encoder."),
+    (r"^unet\.down_modules\.", "unet.down."),
+    (r"^unet\.mid_modules\.", "unet.mid."),
+    (r"^unet\.up_modules\.", "unet.up."),
+    (r"^unet\.final_conv\.0\.block\.", "unet.final.0."),
+    (r"^unet\.final_conv\.1\.", "unet.final.1."),
+    (r"\.conv([12])\.block\.", r".conv\1."),
+    (r"\.cond_encoder\.", ".film."),
+    (r"\.residual_conv\.", ".skip."),
+    (r"^rgb_encoder\.0\.", "rgb_encoder."),  # a per-camera encoder list holding one camera's encoder
+    (r"^rgb_encoder\.pool\.nets\.", "rgb_encoder.pool.keypoint_proj."),
+    (r"^rgb_encoder\.out\.", "rgb_encoder.out.0."),
+)
+_POS_GRID = "rgb_encoder.pool.pos_grid"
+_FILM_WEIGHT = re.compile(r"\.film\.1\.weight$")
+_NORMALIZATION_PREFIXES = ("normalize_inputs.", "normalize_targets.", "unnormalize_outputs.")
+
+
+def _refuse(where: Path, field: str, value: Any, why: str) -> PretrainedError:
+    return PretrainedError(f"{where}: unsupported LeRobot setting {field}={value!r}: {why}")
+
+
+def _features(config: dict[str, Any], where: Path) -> dict[str, FeatureConfig]:
+    features = {}
+    for group in ("input_features", "output_features"):
+        for key, feature in (config.get(group) or {}).items():
+            kind = _KINDS.get(feature.get("type"))
+            if kind is None:
+                raise _refuse(
+                    where, f"{group}.{key}.type", feature.get("type"), f"expected one of {list(_KINDS)}"
+                )
+            features[key] = FeatureConfig(shape=list(feature["shape"]), kind=kind)
+    return features
+
+
+def _normalization(config: dict[str, Any], kinds: set[str], where: Path) -> dict[str, str]:
+    # Every kind is set: a kind LeRobot leaves out is not normalized (this project's default would be).
+    mapping = dict.fromkeys((VISUAL, STATE, ENV_STATE, ACTION_KIND), IDENTITY)
+    for lerobot_kind, mode in (config.get("normalization_mapping") or {}).items():
+        kind = _KINDS.get(lerobot_kind)
+        if kind is None or kind not in kinds:
+            continue  # a kind without features normalizes nothing
+        if mode not in _MODES:
+            raise _refuse(
+                where, f"normalization_mapping.{lerobot_kind}", mode, f"supported modes are {list(_MODES)}"
+            )
+        mapping[kind] = _MODES[mode]
+    return mapping
+
+
+def _check_images(config: dict[str, Any], features: dict[str, FeatureConfig], where: Path) -> None:
+    images = [key for key, f in features.items() if f.kind == VISUAL]
+    if not images:
+        return
+    if not str(config.get("vision_backbone", "")).startswith("resnet"):
+        raise _refuse(where, "vision_backbone", config.get("vision_backbone"), "only torchvision ResNets map")
+    if config.get("resize_shape") is not None:
+        raise _refuse(where, "resize_shape", config["resize_shape"], "images are not resized here; use null")
+    if config.get("use_separate_rgb_encoder_per_camera") and len(images) > 1:
+        raise _refuse(
+            where,
+            "use_separate_rgb_encoder_per_camera",
+            True,
+            f"{len(images)} cameras share one encoder here; only one camera maps",
+        )
+    crop = config.get("crop_shape")
+    if crop is not None:
+        _, height, width = features[images[0]].shape
+        # torchvision's CenterCrop rounds the offset half to even; this project floors it.
+        for size, cropped in ((height, crop[0]), (width, crop[1])):
+            if round((size - cropped) / 2.0) != (size - cropped) // 2:
+                raise _refuse(where, "crop_shape", crop, "its center crop offset rounds differently here")
+
+
+def convert_config(config: dict[str, Any], where: Path) -> tuple[dict[str, Any], dict[str, FeatureConfig]]:
+    """LeRobot's Diffusion `config.json` content -> (this project's `policy` section, the features).
+
+    Raises `PretrainedError` naming the first field that cannot be mapped.
+    """
+    known = set(_COPIED) | set(_HANDLED) | set(_IGNORED)
+    for field in config:
+        if field not in known:
+            raise _refuse(where, field, config[field], "unknown field (a newer LeRobot?); not mapped")
+    if config.get("use_peft"):
+        raise _refuse(where, "use_peft", True, "adapter (PEFT) weights are not merged here")
+    features = _features(config, where)
+    _check_images(config, features, where)
+    section: dict[str, Any] = {"name": "diffusion"}
+    for field in _COPIED:
+        # This project's defaults differ from LeRobot's (e.g. crop_shape): a missing field is not guessed.
+        if field not in config:
+            raise PretrainedError(f"{where}: LeRobot field {field!r} is missing")
+        section[field] = config[field]
+    # LeRobot samples with the scheduler it trains with; the ResNet's weights come from the checkpoint.
+    section["inference_scheduler"] = config["noise_scheduler_type"]
+    section["pretrained_backbone_weights"] = None
+    section["normalization_mapping"] = _normalization(config, {f.kind for f in features.values()}, where)
+    return section, features
+
+
+# ------------------------------------------------------------------------------------------------ stats
+def _pipeline(directory: Path, name: str) -> tuple[dict[str, Any], Path]:
+    """The processor pipeline `name*.json` of `directory` and its path."""
+    found = sorted(directory.glob(f"{name}*.json"))
+    if len(found) != 1:
+        raise PretrainedError(
+            f"{directory} must hold one {name}*.json (LeRobot >= 0.4 keeps the normalization statistics in its "
+            f"processor files), found {[p.name for p in found]}"
+        )
+    return read_json(found[0]), found[0]
+
+
+def _pipeline_stats(
+    directory: Path, name: str, step_name: str
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """The config of the `step_name` step of processor `name` and its state tensors."""
+    pipeline, path = _pipeline(directory, name)
+    found = None
+    for step in pipeline.get("steps", []):
+        registry = step.get("registry_name")
+        if registry == step_name:
+            found = step
+        elif registry == "rename_observations_processor":
+            if step.get("config", {}).get("rename_map"):
+                raise _refuse(path, "rename_map", step["config"]["rename_map"], "keys are not renamed here")
+        elif registry not in _NEUTRAL_STEPS:
+            raise _refuse(path, "steps", registry, "this processor step has no counterpart here")
+    if found is None or "state_file" not in found:
+        raise PretrainedError(f"{path} has no {step_name} step with a state_file")
+    try:
+        state = load_file(directory / found["state_file"])
+    except Exception as e:  # missing or corrupt file
+        raise PretrainedError(f"cannot read {directory / found['state_file']} ({e})") from None
+    return found.get("config", {}), state
+
+
+def _group_stats(flat: dict[str, torch.Tensor], keys: list[str]) -> dict[str, dict[str, torch.Tensor]]:
+    """Flat `<feature>.<stat>` tensors -> `{feature: {stat: tensor}}` for the feature `keys`."""
+    grouped: dict[str, dict[str, torch.Tensor]] = {}
+    for name, value in flat.items():
+        for key in keys:
+            stat = name[len(key) + 1 :]
+            if name.startswith(key + ".") and "." not in stat:
+                grouped.setdefault(key, {})[stat] = value
+    return grouped
+
+
+def read_stats(
+    directory: Path, features: dict[str, FeatureConfig], mapping: dict[str, str]
+) -> tuple[dict[str, dict[str, torch.Tensor]], dict[str, dict[str, torch.Tensor]]]:
+    """`(preprocessor stats, postprocessor stats)` as `{feature: {stat: tensor}}`, from the processor files;
+    raises when the preprocessor normalizes a feature kind otherwise than `mapping` (from config.json)."""
+    pre_config, pre_flat = _pipeline_stats(directory, "policy_preprocessor", "normalizer_processor")
+    _, post_flat = _pipeline_stats(directory, "policy_postprocessor", "unnormalizer_processor")
+    lerobot_map = {_KINDS.get(k): _MODES.get(m, m) for k, m in (pre_config.get("norm_map") or {}).items()}
+    for kind in {f.kind for f in features.values()}:
+        if lerobot_map.get(kind, IDENTITY) != mapping[kind]:
+            raise PretrainedError(
+                f"{directory}: the preprocessor normalizes {kind} with {lerobot_map.get(kind, IDENTITY)!r} but "
+                f"config.json says {mapping[kind]!r}"
+            )
+    keys = list(features)
+    return _group_stats(pre_flat, keys), _group_stats(post_flat, keys)
+
+
+# ------------------------------------------------------------------------------------------------ weights
+def rename(name: str) -> str:
+    """A LeRobot Diffusion weight name -> this project's."""
+    for pattern, replacement in _RENAMES:
+        name = re.sub(pattern, replacement, name)
+    return name
+
+
+def convert_state_dict(
+    lerobot_state: dict[str, torch.Tensor],
+    own: dict[str, torch.Tensor],
+    grid: torch.Tensor | None,
+    where: Path,
+) -> dict[str, torch.Tensor]:
+    """LeRobot's weights renamed and reshaped onto the keys and shapes of `own` (this policy's state dict);
+    `grid` is this policy's spatial softmax grid `(H*W, 2)` (not in its state dict), None without images."""
+    out = {}
+    for name, value in lerobot_state.items():
+        new = rename(name)
+        if new == _POS_GRID:
+            if grid is None or grid.shape != value.shape or not torch.allclose(grid, value):
+                raise PretrainedError(f"{where}: {name} differs from this project's spatial softmax grid")
+            continue
+        target = own.get(new)
+        if target is not None and value.ndim == 3 and target.ndim == 2 and value.numel() == target.numel():
+            value = value.reshape(target.shape)  # Conv1d (C_out, C_in, k) -> TemporalConv1d (C_out, C_in*k)
+        out[new] = value
+    return out
+
+
+def conditioning_order(policy: DiffusionPolicy) -> torch.Tensor | None:
+    """For each input column of this policy's FiLM layers, the LeRobot column it takes (`(E + S*F,)` with E
+    the step embedding size, S observation steps, F features per step); None when both orders agree
+    (images and an environment state not both present)."""
+    if not (policy.image_keys and policy.env_state_key):
+        return None
+    config = policy.config
+    state = config.state_feature[1]
+    env_state = config.env_state_feature[1]
+    images = len(policy.image_keys) * policy.rgb_encoder.feature_dim
+    # Per step, this project's [state, env_state, images] taken from LeRobot's [state, images, env_state].
+    per_step = torch.cat(
+        [
+            torch.arange(state),
+            torch.arange(state + images, state + images + env_state),
+            torch.arange(state, state + images),
+        ]
+    )
+    width = per_step.numel()
+    steps = [per_step + s * width for s in range(config.n_obs_steps)]
+    embed = config.diffusion_step_embed_dim
+    return torch.cat([torch.arange(embed), *(columns + embed for columns in steps)])
+
+
+def load_policy(directory: Path, policy_cfg: PolicyConfig) -> Policy:
+    """This project's policy of `policy_cfg` (converted from the LeRobot config of `directory`) with the
+    LeRobot weights and normalization statistics of `directory`."""
+    if policy_cfg.name != "diffusion":
+        raise PretrainedError(
+            f"{directory} is a LeRobot diffusion checkpoint; policy {policy_cfg.name!r} cannot load it"
+        )
+    features = {**policy_cfg.input_features, **policy_cfg.output_features}
+    pre_stats, post_stats = read_stats(directory, features, policy_cfg.normalization_mapping)
+    try:
+        policy = make_policy(policy_cfg, dataset_stats=pre_stats)
+        # The actions are unnormalized with the postprocessor's own statistics, as LeRobot does.
+        policy.unnormalize_outputs = Unnormalize(
+            policy_cfg.output_features, policy_cfg.normalization_mapping, post_stats
+        )
+    except (KeyError, ValueError) as e:
+        raise PretrainedError(f"{directory}: normalization statistics do not fit: {e}") from None
+    weights = directory / MODEL_FILE
+    try:
+        lerobot_state = load_file(weights)
+    except Exception as e:  # safetensors raises several types for missing or corrupt files
+        raise PretrainedError(f"cannot read {weights} ({e})") from None
+    if any(k.startswith(("normalize_inputs.", "unnormalize_outputs.")) for k in lerobot_state):
+        raise PretrainedError(
+            f"{weights} holds normalization buffers: a LeRobot checkpoint older than 0.4; convert it with "
+            "LeRobot's migrate_policy_normalization first"
+        )
+    own = policy.state_dict()
+    grid = policy.rgb_encoder.pool.grid if policy.image_keys else None
+    state = convert_state_dict(lerobot_state, own, grid, weights)
+    order = conditioning_order(policy)
+    if order is not None:
+        for name in [k for k in state if _FILM_WEIGHT.search(k)]:
+            if state[name].shape[-1] == order.numel():  # a wrong width is reported by the load below
+                state[name] = state[name][:, order]
+    state.update({k: v for k, v in own.items() if k.startswith(_NORMALIZATION_PREFIXES)})
+    load_state_checked(policy, state, weights)
+    return policy

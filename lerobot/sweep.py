@@ -1,0 +1,150 @@
+"""`scripts/train.py -m ...`: a Hydra multirun of the trainer, one run directory per job, one summary.
+
+Hydra expands the comma-separated values (`seed=1,2 policy.optimizer_lr=1e-4,3e-4` is four jobs) and its
+launcher runs them: one after another (the basic launcher), as local processes (`hydra/launcher=
+submitit_local`) or as SLURM jobs (`hydra/launcher=submitit_slurm`). Every job's config is composed and
+validated before anything is launched, so a typo fails at once, with one line, not on the cluster. Each
+job trains into `hydra.sweep.dir/hydra.sweep.subdir` (its job number); the sweep directory gets
+`summary.json` with each job's overrides, status and final metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from lerobot.config import CONFIG_DIR, ConfigError, validate_config
+
+log = logging.getLogger(__name__)
+
+SUMMARY_FILE = "summary.json"
+# Final metrics printed per job (all of them are in summary.json).
+SHOWN = (("train", "loss"), ("eval", "avg_max_reward"), ("eval", "pc_success"))
+
+
+def sweep_jobs(overrides: Sequence[str]) -> list[list[str]]:
+    """Each job's overrides, as Hydra's basic sweeper expands them (a product over swept keys)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+        return BasicSweeper.split_arguments(parsed, None)[0]
+    except HydraException as e:
+        raise ConfigError(str(e).strip().splitlines()[0]) from None
+
+
+def check_jobs(overrides: Sequence[str], search_path: Sequence[Path] = ()) -> list[DictConfig]:
+    """Compose and validate every job's config before launching any; each job needs its own run dir."""
+    from lerobot.cli import compose_config
+
+    jobs = sweep_jobs(overrides)
+    configs = [compose_config(job, search_path=search_path) for job in jobs]
+    output_dirs = [cfg.output_dir for cfg in configs if cfg.output_dir is not None]
+    if len(set(output_dirs)) < len(output_dirs):
+        raise ConfigError(
+            "output_dir= would put several jobs of the sweep into one directory; drop it and set "
+            "hydra.sweep.dir=DIR instead (each job writes to DIR/<job number>)"
+        )
+    return configs
+
+
+def train_job(cfg: DictConfig) -> dict[str, Any]:
+    """Hydra's task function for one job: train into the job's directory; report, never raise.
+
+    A failing job must not stop the sweep, so its error goes into the job's log and its summary entry.
+    """
+    from hydra.core.hydra_config import HydraConfig
+
+    from lerobot.cli import _expected_errors
+    from lerobot.training import train
+
+    run_dir = HydraConfig.get().runtime.output_dir
+    try:
+        cfg = validate_config(cfg)
+        if cfg.output_dir is None:
+            cfg.output_dir = run_dir
+        run_dir = str(train(cfg))
+    except _expected_errors() as e:
+        log.error("error: %s", e)
+        return {"status": "error", "error": str(e), "run_dir": run_dir}
+    except Exception as e:
+        log.exception("job failed")
+        return {"status": "failed", "error": f"{type(e).__name__}: {e}", "run_dir": run_dir}
+    return {"status": "completed", "run_dir": run_dir, "final": final_metrics(Path(run_dir))}
+
+
+def final_metrics(run_dir: Path) -> dict[str, dict[str, Any]]:
+    """The last record of each split (`train`, `eval`) in `run_dir/metrics.jsonl`."""
+    from lerobot.training.logger import METRICS_FILE
+
+    last: dict[str, dict[str, Any]] = {}
+    path = run_dir / METRICS_FILE
+    if not path.is_file():
+        return last
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:  # a line cut by a kill mid-write
+            continue
+        last[record["split"]] = {k: v for k, v in record.items() if k not in ("split", "time")}
+    return last
+
+
+def run_sweep(overrides: Sequence[str], search_path: Sequence[Path] = ()) -> int:
+    """Check every job, launch the sweep with Hydra's configured launcher, write and print the summary.
+
+    Returns the exit code: 0 when every job completed, 2 when a job stopped on an expected error (bad
+    data, divergence, ...), 1 when a job crashed.
+    """
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from lerobot.cli import search_path_override
+
+    check_jobs(overrides, search_path)
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None, job_name="train"):
+        batches = GlobalHydra.instance().hydra.multirun(
+            config_name="default",
+            task_function=train_job,
+            overrides=[*overrides, *search_path_override(search_path)],
+        )
+    jobs = [job for batch in batches for job in batch]
+    sweep_dir = Path(jobs[0].hydra_cfg.hydra.sweep.dir)
+    summary = [
+        {"job": i, "overrides": list(job.overrides or []), **job.return_value} for i, job in enumerate(jobs)
+    ]
+    write_summary(sweep_dir, summary)
+    # Print only what tells the jobs apart: the overrides that differ between them.
+    shared = set.intersection(*(set(entry["overrides"]) for entry in summary))
+    for entry in summary:
+        print(_summary_line(entry, [o for o in entry["overrides"] if o not in shared]))
+    print(f"sweep summary: {sweep_dir / SUMMARY_FILE}")
+    statuses = {entry["status"] for entry in summary}
+    return 1 if "failed" in statuses else 2 if "error" in statuses else 0
+
+
+def write_summary(sweep_dir: Path, summary: list[dict[str, Any]]) -> Path:
+    """Write `sweep_dir/summary.json` atomically; return its path."""
+    path = sweep_dir / SUMMARY_FILE
+    tmp = path.with_name(f".{SUMMARY_FILE}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"jobs": summary}, indent=2) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def _summary_line(entry: dict[str, Any], swept: list[str]) -> str:
+    head = f"job {entry['job']} [{' '.join(swept)}]: {entry['status']}"
+    if entry["status"] != "completed":
+        return f"{head}: {entry['error']}"
+    final = entry["final"]
+    shown = [f"step {final['train']['step']}"] if "train" in final else []
+    shown += [f"{split} {key} {final[split][key]:.4g}" for split, key in SHOWN if key in final.get(split, {})]
+    return f"{head}: {', '.join(shown)}"

@@ -1,0 +1,63 @@
+"""When training diverges: keep the last checkpoint whose weights are good, and say which one it is.
+
+A checkpoint's weights are good once a finite loss has been computed on them. When the loss becomes NaN or
+infinite, the weights that gave it are the current ones; if they were saved since the last update, that
+checkpoint is not good, and `checkpoints/last` is moved back to the newest earlier one (the diverged
+checkpoint stays on disk for inspection; a resumed run overwrites it). Non-finite weights are never saved
+(`save_checkpoint` refuses them), so every checkpoint left is finite.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import TracebackType
+
+from lerobot.training.checkpoint import NonFiniteWeightsError, checkpoint_dir, list_checkpoints, set_last
+from lerobot.training.common import TrainingDivergedError
+
+
+class DivergenceGuard:
+    """Context manager around a trainer's loop that turns a diverged loss or non-finite weights into one
+    `TrainingDivergedError` naming the last good checkpoint (and moving `last` back to it when needed).
+
+    The trainer calls `updated()` after each gradient update and `saved(step)` after each checkpoint.
+    """
+
+    def __init__(self, run_dir: Path, advice: str):
+        """`advice`: what to change before training again (see `TrainStep.advice`)."""
+        self.run_dir = Path(run_dir)
+        self.advice = advice
+        self._saved_step: int | None = None  # the checkpoint holding the current weights, if any
+
+    def updated(self) -> None:
+        """The weights changed (and the loss before the change was finite)."""
+        self._saved_step = None
+
+    def saved(self, step: int) -> None:
+        """Checkpoint `step` now holds the current weights."""
+        self._saved_step = step
+
+    def __enter__(self) -> DivergenceGuard:
+        return self
+
+    def __exit__(
+        self, typ: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if isinstance(exc, TrainingDivergedError | NonFiniteWeightsError):
+            raise TrainingDivergedError(f"{exc}; {self._keep_last_good()}; {self.advice}") from None
+
+    def _keep_last_good(self) -> str:
+        """Point `last` at the newest checkpoint not holding the weights that diverged; say which it is."""
+        bad = checkpoint_dir(self.run_dir, self._saved_step) if self._saved_step is not None else None
+        good = [p for p in list_checkpoints(self.run_dir) if p != bad]
+        if bad is not None and bad.exists():
+            if not good:
+                return f"checkpoint {bad} holds the weights that gave it and no earlier checkpoint exists"
+            set_last(self.run_dir, good[-1])
+            return (
+                f"checkpoint {bad.name} holds the weights that gave it, so checkpoints/last now points at the "
+                f"last good checkpoint, {good[-1]}"
+            )
+        if good:
+            return f"the last good checkpoint is {good[-1]} (checkpoints/last)"
+        return "no checkpoint was saved before"
