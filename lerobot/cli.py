@@ -51,6 +51,10 @@ def compose_train_config(overrides: list[str], search_path: Sequence[str | Path]
     (`outputs/train/<date>/<time>_<env>_<policy>` unless overridden), as Hydra users expect."""
     cfg, run_dir = _compose(overrides, CONFIG_DIR, search_path)
     if cfg.output_dir is None:
+        # The default run dir is new at every launch (it holds the time), so it has nothing to resume.
+        named = any(o.startswith("hydra.run.dir=") for o in overrides)
+        if not named and str(OmegaConf.select(cfg, "training.resume")).lower() == "true":
+            raise ConfigError("training.resume=true needs output_dir=<run directory of the run to resume>")
         cfg.output_dir = run_dir
     return validate_config(cfg)
 

@@ -125,16 +125,18 @@ def test_sigterm_saves_and_exits_0_then_relaunch_resumes(tmp_path, data_args, ca
     assert "another config" in err and "policy.n_groups (4 -> 2)" in err and len(err.splitlines()) == 1, err
 
 
-# The save writes its weights slowly and says when it starts, so that a signal lands inside a save.
+# A save writes its training state slowly and says when it starts, so that a signal lands inside a save.
 SLOW_SAVE = textwrap.dedent(
     """
-    import pathlib, time, safetensors.torch as st
-    real_save_file = st.save_file
-    def slow_save_file(tensors, path, *a, **k):
-        pathlib.Path(str(path)).parents[2].joinpath("saving").write_text(pathlib.Path(str(path)).parent.name)
-        time.sleep(1.0)
-        return real_save_file(tensors, path, *a, **k)
-    st.save_file = slow_save_file
+    import pathlib, time, torch
+    real_save = torch.save
+    def slow_save(obj, f, *a, **k):
+        path = pathlib.Path(getattr(f, "name", str(f)))
+        if path.parent.name.startswith(".tmp-"):  # a checkpoint's temporary directory
+            path.parents[2].joinpath("saving").write_text(path.parent.name)
+            time.sleep(1.0)
+        return real_save(obj, f, *a, **k)
+    torch.save = slow_save
     """
 )
 
