@@ -1,12 +1,13 @@
 """DataLoader throughput on the PushT demonstrations with Diffusion Policy's windows (a benchmark, not a test).
 
     python benchmarks/bench_dataloader.py [--root DIR] [--workers 0 2] [--passes 5] [--batch-size 64]
+    python benchmarks/bench_dataloader.py --repo-id lerobot/pusht [--root LEROBOT_DATASET_DIR]   # imported
 
 Measures full passes (one epoch, batch 64, shuffled, drop_last) over the image training set with
 `observation.image`/`observation.state` at offsets [-0.1, 0.0] s and `action` at [-0.1, ..., 1.4] s, once per
 worker count, and reports samples/s and ms per batch (best and median of the passes; worker start-up is
 included, as in training). What a training step costs next to its batch is `bench_train.py`'s data vs compute
-split. Prints a table and writes benchmarks/results/dataloader.json.
+split. Prints a table and writes benchmarks/results/dataloader.json (with --repo-id: dataloader_lerobot.json).
 """
 
 from __future__ import annotations
@@ -78,9 +79,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--root",
-        default=_default_root(),
-        help=f"directory with the PushT zarr (default: ${DATA_ROOT_ENV} or ../shared/data/pusht)",
+        default=None,
+        help=f"directory with the PushT zarr (default: ${DATA_ROOT_ENV} or ../shared/data/pusht), or with "
+        "--repo-id the LeRobotDataset directory (default: the hub cache)",
     )
+    parser.add_argument("--repo-id", default=None, help="read a LeRobotDataset (dataset.repo_id) instead")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 2])
     parser.add_argument("--passes", type=int, default=5)
@@ -88,7 +91,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     env_cfg = _env_cfg()
     t0 = time.perf_counter()
-    dataset = make_dataset(DatasetConfig(root=args.root), env_cfg, DP_DELTA)
+    root = args.root if args.root or args.repo_id else _default_root()
+    dataset = make_dataset(DatasetConfig(root=root, repo_id=args.repo_id), env_cfg, DP_DELTA)
     prepare_s = time.perf_counter() - t0
     print(f"dataset ready in {prepare_s:.1f} s: {dataset}")
     load_before = os.getloadavg()[0]
@@ -124,7 +128,8 @@ def main(argv: list[str] | None = None) -> dict:
             "torch": torch.__version__,
         },
     }
-    out = REPO_ROOT / "benchmarks" / "results" / "dataloader.json"
+    name = "dataloader_lerobot.json" if args.repo_id else "dataloader.json"
+    out = REPO_ROOT / "benchmarks" / "results" / name
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(result, indent=1))

@@ -135,8 +135,9 @@ def _hydra_message(e: Exception, dirs: Sequence[Path]) -> str:
 
 
 def _expected_errors() -> tuple[type[BaseException], ...]:
+    from lerobot.envs.faults import EnvWorkerError
     from lerobot.policies.pretrained import PretrainedError
-    from lerobot.rollout import EnvWorkerError
+    from lerobot.rollout import NonFiniteActionError
     from lerobot.training.checkpoint import CheckpointError
     from lerobot.training.common import TrainingDivergedError
     from lerobot.training.run_dir import RunDirError
@@ -147,6 +148,7 @@ def _expected_errors() -> tuple[type[BaseException], ...]:
         CheckpointError,
         RunDirError,
         EnvWorkerError,
+        NonFiniteActionError,
         TrainingDivergedError,
         FileNotFoundError,
     ]

@@ -9,6 +9,7 @@ resolved, including the `policy` section (validated by the chosen policy's own d
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,8 @@ FEATURE_KINDS = (VISUAL, STATE, ENV_STATE, ACTION_KIND)
 WHOLE_OBSERVATION = "."
 # Where the YAML configs live (Hydra's primary config directory).
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+# Values `device` accepts (resolved by `lerobot.training.common.resolve_device`).
+DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?|mps")
 
 
 class ConfigError(ValueError):
@@ -78,11 +81,17 @@ class DatasetConfig:
     """Where the offline demonstrations live and how they are split."""
 
     # Importer of the source data (`lerobot.datasets.factory.IMPORTERS`): `pusht_zarr` reads Diffusion
-    # Policy's `pusht_cchi_v7_replay.zarr` and converts it once into the project's memory-mapped format.
-    format: str = "pusht_zarr"
-    # Directory holding the source data (`pusht_cchi_v7_replay.zarr` or `pusht.zip`); falls back to
-    # $LEROBOT_DATA_ROOT, then to a download into `cache_dir`.
+    # Policy's `pusht_cchi_v7_replay.zarr`, `lerobot` a LeRobotDataset (v3.0/v2.1); either is converted once
+    # into the project's memory-mapped format. null: `lerobot` if `repo_id` is set, else `pusht_zarr`.
+    format: str | None = None
+    # pusht_zarr: directory holding `pusht_cchi_v7_replay.zarr` or `pusht.zip` (falls back to
+    # $LEROBOT_DATA_ROOT, then to a download into `cache_dir`). lerobot: the LeRobotDataset directory itself
+    # (holds meta/info.json); null: `$HF_LEROBOT_HOME/<repo_id>`, then the huggingface_hub cache / a download.
     root: str | None = None
+    # LeRobotDataset on the Hugging Face hub, e.g. `lerobot/pusht` (docs/lerobot_dataset.md).
+    repo_id: str | None = None
+    # Hub revision of `repo_id`; null: `v3.0`, the tag LeRobot 0.4-0.6 loads.
+    revision: str | None = None
     # Where downloads and conversions go; None: `~/.cache/lerobot`.
     cache_dir: str | None = None
     # Fraction of whole episodes held out for validation, drawn with `split_seed`.
@@ -106,7 +115,7 @@ class TrainingConfig:
     # optimizer, data order, RNG) when it holds one, else start fresh; true: it must hold one; false: it
     # must not (docs/training_runs.md). A resumed run must have the same config, bar RESUMABLE_CHANGES.
     resume: str = "auto"
-    # bf16 autocast for the forward/backward pass (CPU AMX or CUDA).
+    # bf16 autocast for the forward/backward pass (CUDA, or a CPU with AMX); the one mixed-precision switch.
     use_amp: bool = False
     grad_clip_norm: float = 10.0
     # Online (TD-MPC) only: vectorized envs collecting experience, SB3-style schedule (docs/tdmpc.md).
@@ -172,8 +181,8 @@ class RootConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
     seed: int = 1000
-    # cpu | cuda | cuda:N | auto (cuda when available)
-    device: str = "cpu"
+    # auto | cpu | cuda | cuda:N | mps. auto: CUDA when present, else MPS (Apple GPU), else the CPU (docs/gpu.md).
+    device: str = "auto"
     # Run directory; None: outputs/train/<date>/<time>_<env>_<policy>. Pass an existing one to resume.
     output_dir: str | None = None
     job_name: str | None = None
@@ -213,8 +222,8 @@ def validate_config(cfg: DictConfig | dict) -> DictConfig:
         if value not in ("auto", "true", "false"):
             raise ConfigError(f"{key}={value!r}: expected auto, true or false")
         OmegaConf.update(merged, key, value)
-    if merged.device not in ("cpu", "cuda", "auto") and not str(merged.device).startswith("cuda:"):
-        raise ConfigError(f"device={merged.device!r}: expected cpu, cuda, cuda:N or auto")
+    if not DEVICE_PATTERN.fullmatch(str(merged.device)):
+        raise ConfigError(f"device={merged.device!r}: expected auto, cpu, cuda, cuda:N or mps")
     if merged.policy:
         # Imported here: the policy registry imports torch and the policies, which import this module.
         from lerobot.policies.factory import resolved_policy_section

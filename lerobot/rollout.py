@@ -23,7 +23,6 @@ Exactness rules:
 from __future__ import annotations
 
 import math
-import multiprocessing
 import os
 import tempfile
 import time
@@ -37,17 +36,23 @@ from gymnasium.vector import AsyncVectorEnv, SyncVectorEnv, VectorEnv
 from tqdm.auto import tqdm
 
 from lerobot.constants import EVAL_SCHEDULES
+from lerobot.envs.faults import EnvWorkerError, Watchdog, close_now, worker_call
 from lerobot.envs.observation import observation_to_batch
 from lerobot.policies.policy import Policy
 
-# A reset that takes longer than this means a worker hangs; fail instead of waiting forever. Steps wait
-# without a timeout unless `eval_policy(step_timeout_s=...)` asks for one: gymnasium enforces it by polling
-# every worker's pipe each step, which slows every step (docs/evaluation.md).
+# A reset (or render) that takes longer than this means a worker hangs; fail instead of waiting forever.
+# Steps wait without a timeout unless `eval_policy(step_timeout_s=...)` asks for one (which then bounds
+# resets and renders too): gymnasium enforces it by polling every worker's pipe each step, which slows
+# every step (docs/evaluation.md).
 ASYNC_RESET_TIMEOUT_S = 120.0
+_SLOW_HINT = "; if it is only slow, raise eval.step_timeout_s"
 
 
-class EnvWorkerError(RuntimeError):
-    """An async env worker died or stopped answering."""
+_NO_SLOTS = np.zeros(0, dtype=np.int64)
+
+
+class NonFiniteActionError(ValueError):
+    """The policy returned a NaN or infinite action; it was not sent to the env."""
 
 
 def policy_device(policy: torch.nn.Module) -> torch.device:
@@ -57,33 +62,27 @@ def policy_device(policy: torch.nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
-def _step(env: VectorEnv, action: np.ndarray, timeout_s: float | None = None):
+def _step(env: VectorEnv, action: np.ndarray, timeout_s: float | None, watchdog: Watchdog | None):
     if not isinstance(env, AsyncVectorEnv):
         return env.step(action)
-    try:
+    with worker_call(env, "step", timeout_s, _SLOW_HINT, watchdog):
         env.step_async(action)
         return env.step_wait(timeout=timeout_s)
-    except (EOFError, BrokenPipeError, ConnectionResetError) as e:
-        raise EnvWorkerError(
-            f"an env worker process died during step ({type(e).__name__}); see its log above"
-        ) from None
-    except (TimeoutError, multiprocessing.TimeoutError):  # gymnasium raises the latter
-        raise EnvWorkerError(f"an env worker did not answer a step within {timeout_s:.0f} s") from None
 
 
-def _reset(env: VectorEnv, seeds: list[int | None], mask: np.ndarray | None):
+def _reset(
+    env: VectorEnv,
+    seeds: list[int | None],
+    mask: np.ndarray | None,
+    timeout_s: float,
+    watchdog: Watchdog | None,
+):
     options = None if mask is None else {"reset_mask": mask}
     if not isinstance(env, AsyncVectorEnv):
         return env.reset(seed=seeds, options=options)
-    try:
+    with worker_call(env, "reset", timeout_s, _SLOW_HINT, watchdog):
         env.reset_async(seed=seeds, options=options)
-        return env.reset_wait(timeout=ASYNC_RESET_TIMEOUT_S)
-    except (EOFError, BrokenPipeError, ConnectionResetError) as e:
-        raise EnvWorkerError(f"an env worker process died during reset ({type(e).__name__})") from None
-    except (TimeoutError, multiprocessing.TimeoutError):  # gymnasium raises the latter
-        raise EnvWorkerError(
-            f"an env worker did not answer a reset within {ASYNC_RESET_TIMEOUT_S:.0f} s"
-        ) from None
+        return env.reset_wait(timeout=timeout_s)
 
 
 def _success(info: dict[str, Any], num_envs: int) -> np.ndarray:
@@ -100,11 +99,15 @@ def _success(info: dict[str, Any], num_envs: int) -> np.ndarray:
     return success
 
 
-def _render(env: VectorEnv, slots: list[int]) -> list[np.ndarray]:
+def _render(
+    env: VectorEnv, slots: list[int], timeout_s: float, watchdog: Watchdog | None
+) -> list[np.ndarray]:
     """RGB frames of `slots`; a sync env renders only those, an async one renders in its workers."""
     if isinstance(env, SyncVectorEnv):
         return [env.envs[s].render() for s in slots]
-    images = env.call("render")
+    with worker_call(env, "render", timeout_s, _SLOW_HINT, watchdog):
+        env.call_async("render")
+        images = env.call_wait(timeout=timeout_s)
     return [images[s] for s in slots]
 
 
@@ -220,10 +223,18 @@ class _Episodes:
 class _Videos:
     """Frames of the first `max_episodes` episodes, each written to mp4 by a background thread when it ends."""
 
-    def __init__(self, env: VectorEnv, videos_dir: Path | str | None, max_episodes: int):
+    def __init__(
+        self,
+        env: VectorEnv,
+        videos_dir: Path | str | None,
+        max_episodes: int,
+        timeout_s: float,
+        watchdog: Watchdog | None,
+    ):
         if max_episodes > 0 and videos_dir is None:
             raise ValueError("max_episodes_rendered > 0 needs a videos_dir")
         self.env, self.max_episodes = env, max_episodes
+        self.timeout_s, self.watchdog = timeout_s, watchdog
         self.dir = Path(videos_dir) if videos_dir is not None else None
         if self.dir is not None:
             self.dir.mkdir(parents=True, exist_ok=True)
@@ -243,7 +254,7 @@ class _Videos:
         """Add the current frame of each recorded episode running in `slots`."""
         recording = [s for s in slots if episodes.slot_episode[s] in self.frames]
         if recording:
-            for slot, image in zip(recording, _render(self.env, recording)):
+            for slot, image in zip(recording, _render(self.env, recording, self.timeout_s, self.watchdog)):
                 self.frames[int(episodes.slot_episode[slot])].append(np.asarray(image))
 
     def finish(self, finished: np.ndarray) -> None:
@@ -280,7 +291,11 @@ def eval_policy(
     "env_steps_per_s", "slot_utilization"}, "video_paths": [...]}` with episodes ordered by index.
     `slot_utilization` is busy env-steps / total env-steps (idle slots waiting for others count as waste).
     With an `AsyncVectorEnv`, a dead worker raises `EnvWorkerError` at once; a hung one does so after
-    `step_timeout_s` if given (checking costs time every step, see `ASYNC_RESET_TIMEOUT_S`).
+    `step_timeout_s` if given (checking costs time every step; resets and renders wait at most
+    `step_timeout_s`, else `ASYNC_RESET_TIMEOUT_S`). On such an error, and on Ctrl-C, every worker of `env`
+    is killed and `env` is closed (`close_now`), so no call waits on a worker that will never answer.
+    A NaN or infinite action raises `NonFiniteActionError` naming the env slot, episode and step; it is
+    never sent to the env. Works with every gymnasium autoreset mode.
     """
     if n_episodes <= 0:
         raise ValueError(f"n_episodes={n_episodes} must be > 0")
@@ -291,30 +306,41 @@ def eval_policy(
     policy.eval()
     policy.reset()
     episodes = _Episodes(n_episodes, start_seed, num_envs)
-    videos = _Videos(env, videos_dir, max_episodes_rendered)
+    call_timeout_s = ASYNC_RESET_TIMEOUT_S if step_timeout_s is None else step_timeout_s
+    watchdog = Watchdog(env) if isinstance(env, AsyncVectorEnv) else None
+    videos = _Videos(env, videos_dir, max_episodes_rendered, call_timeout_s, watchdog)
 
-    def start(slots: np.ndarray) -> Any:
-        """Reset `slots` into their next episodes, with fresh policy state for them."""
+    def reset(begin: np.ndarray, idle: np.ndarray = _NO_SLOTS) -> Any:
+        """One reset: `begin` slots start their next episodes (fresh policy state), `idle` slots filler
+        episodes. An idle slot keeps its policy state, so its queue keeps the other slots' chunk phase."""
+        seeds = episodes.start(begin, vector_step)
+        for slot, seed in enumerate(episodes.idle_seeds(idle)):
+            if seed is not None:
+                seeds[slot] = seed
+        slots = np.union1d(begin, idle)
         mask = None if slots.size == num_envs else _mask(num_envs, slots)
-        new_obs, _ = _reset(env, episodes.start(slots, vector_step), mask)
-        policy.reset(slots)
-        videos.start(episodes, slots)
+        new_obs, _ = _reset(env, seeds, mask, call_timeout_s, watchdog)
+        if begin.size:
+            policy.reset(begin)
+            videos.start(episodes, begin)
         return new_obs
 
     vector_step = busy_steps = 0
-    waiting = np.zeros(0, dtype=np.int64)  # refill_aligned: slots that start at the next chunk step
+    waiting = _NO_SLOTS  # refill_aligned: slots that start at the next chunk step
     start_time = time.perf_counter()
     bar = tqdm(total=n_episodes, desc="eval episodes", disable=not progress, leave=False)
     try:
-        obs = start(np.arange(num_envs))
+        obs = reset(np.arange(num_envs))
         while not episodes.done:
             if waiting.size and (episodes.n_active == 0 or policy.steps_until_chunk() == 0):
-                obs, waiting = start(waiting), waiting[:0]
+                obs, waiting = reset(waiting), _NO_SLOTS
             # Between chunks a policy that keeps no history reads no observation: skip converting it
             # (the rule `Policy.select_action` checks for a None batch).
             needs_obs = policy.n_obs_steps > 1 or policy.steps_until_chunk() == 0
             action = policy.select_action(observation_to_batch(obs, device) if needs_obs else None).numpy()
-            obs, reward, terminated, truncated, info = _step(env, action, step_timeout_s)
+            if not np.isfinite(action).all():  # (B, action_dim) on the CPU: a few microseconds
+                raise NonFiniteActionError(_non_finite_message(action, episodes, vector_step))
+            obs, reward, terminated, truncated, info = _step(env, action, step_timeout_s, watchdog)
             vector_step += 1
             busy_steps += episodes.n_active
             episodes.log_step(reward, _success(info, num_envs))
@@ -323,28 +349,40 @@ def eval_policy(
             done = terminated | truncated
             if not done.any():
                 continue
-            finished = np.flatnonzero(done & (episodes.slot_episode >= 0))
-            if finished.size == 0:
-                continue
-            videos.finish(episodes.finish(finished, vector_step))
-            bar.update(finished.size)
-            if episodes.done:
-                break
+            ended = np.flatnonzero(done)
+            # Idle slots step too, and their filler episodes end as well: with autoreset disabled such a
+            # slot cannot step again before a reset, so every ended slot is reset below.
+            finished = ended[episodes.slot_episode[ended] >= 0]
+            if finished.size:
+                videos.finish(episodes.finish(finished, vector_step))
+                bar.update(finished.size)
+                if episodes.done:
+                    break
             # When the finished slots start their next episode (see the module docstring).
-            if schedule == "refill" or (
-                schedule == "refill_aligned" and (episodes.n_active == 0 or policy.steps_until_chunk() == 0)
+            if finished.size and (
+                schedule == "refill"
+                or (
+                    schedule == "refill_aligned"
+                    and (episodes.n_active == 0 or policy.steps_until_chunk() == 0)
+                )
             ):
-                obs, waiting = start(np.union1d(finished, waiting)), waiting[:0]
-            elif schedule == "batch" and episodes.n_active == 0:
-                obs = start(np.arange(num_envs))
+                begin = np.union1d(finished, waiting)
+                obs, waiting = reset(begin, np.setdiff1d(ended, begin)), _NO_SLOTS
+            elif finished.size and schedule == "batch" and episodes.n_active == 0:
+                obs = reset(np.arange(num_envs))
             else:
-                # Idle until then: reset so the slot stays steppable. Its policy state is kept, so its
-                # queue keeps the other slots' chunk phase.
-                obs, _ = _reset(env, episodes.idle_seeds(finished), _mask(num_envs, finished))
+                obs = reset(_NO_SLOTS, ended)  # idle until then
                 if schedule == "refill_aligned" and not episodes.all_started:
                     waiting = np.union1d(waiting, finished)
+    except (EnvWorkerError, KeyboardInterrupt):
+        # A dead, stopped or interrupted worker never answers gymnasium's close(), which would wait on it
+        # forever (and keep a Ctrl-C from ending the program): kill the workers now.
+        close_now(env)
+        raise
     finally:
         bar.close()
+        if watchdog is not None:
+            watchdog.close()
     video_paths = videos.close()
     eval_s = time.perf_counter() - start_time
     total_steps = vector_step * num_envs
@@ -359,6 +397,22 @@ def eval_policy(
         "slot_utilization": busy_steps / total_steps if total_steps else math.nan,
     }
     return {"per_episode": episodes.per_episode(), "aggregated": aggregated, "video_paths": video_paths}
+
+
+def _non_finite_message(action: np.ndarray, episodes: _Episodes, vector_step: int) -> str:
+    """Name the first env slot whose (action_dim,) action in the (B, action_dim) `action` is not finite."""
+    slot = int(np.flatnonzero(~np.isfinite(action.reshape(action.shape[0], -1)).all(axis=1))[0])
+    episode = int(episodes.slot_episode[slot])
+    where = (
+        f"episode {episode} (seed {episodes.start_seed + episode}) at its step "
+        f"{vector_step - episodes.slot_start[slot] + 1}"
+        if episode >= 0
+        else f"an idle slot at vector step {vector_step + 1}"
+    )
+    return (
+        f"the policy returned a non-finite action {action[slot].tolist()} for env slot {slot}, {where}; "
+        "it was not sent to the env. Check the checkpoint (a diverged run?) and its normalization stats"
+    )
 
 
 def _mask(num_envs: int, slots: np.ndarray) -> np.ndarray:

@@ -26,6 +26,7 @@ import lerobot.training.checkpoint as checkpoint
 from lerobot.cli import compose_config, eval_main, train_main
 from lerobot.config import env_config
 from lerobot.policies.factory import make_policy, make_policy_config
+from lerobot.policies.policy import Policy
 from lerobot.training.checkpoint import (
     MODEL_FILE,
     TRAINING_STATE_FILE,
@@ -336,8 +337,11 @@ def test_checkpoint_modes_follow_the_umask(tmp_path, umask):
     old = os.umask(umask)
     try:
         ckpt = tiny_checkpoint(tmp_path, 1)
+        pretrained = Policy.from_pretrained(ckpt).save_pretrained(tmp_path / "pretrained")
     finally:
         os.umask(old)
-    assert stat.S_IMODE(ckpt.stat().st_mode) == 0o777 & ~umask
-    for path in ckpt.iterdir():
-        assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask, path.name
+    assert {"model.safetensors", "config.json", "config.yaml"} <= {p.name for p in ckpt.iterdir()}
+    for directory in (ckpt, pretrained):
+        assert stat.S_IMODE(directory.stat().st_mode) == 0o777 & ~umask
+        for path in directory.iterdir():
+            assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask, path.name

@@ -89,6 +89,7 @@ def test_train_images_then_eval_checkpoint(tmp_path, data_args):
 def test_resume_is_exact(tmp_path, data_args, monkeypatch):
     common = [
         *TINY,
+        "device=cpu",  # bit-exact on the CPU; GPU kernels (atomics) need not be deterministic
         "env=pusht_keypoints",
         *data_args,
         "training.steps=6",
@@ -197,15 +198,20 @@ def test_train_step_uses_the_policys_parameter_groups():
     assert not changed & frozen_ids and changed
 
 
-def test_train_step_stops_on_a_non_finite_loss_naming_the_update():
+def test_train_step_metrics_name_the_first_update_with_a_non_finite_loss():
     policy = tiny_tdmpc()
     update = TrainStep(
         policy, policy.config, OmegaConf.create({"grad_clip_norm": 10.0, "use_amp": False}), 10
     )
+    update(tdmpc_batch(), where="update 6")
     batch = tdmpc_batch()
     batch["next.reward"][0, 0] = float("nan")
+    update(batch, where="update 7")  # queued: nothing is read back from the device per update
+    update(tdmpc_batch(), where="update 8")
     with pytest.raises(TrainingDivergedError, match="nan at update 7"):
-        update(batch, where="update 7")
+        update.metrics.check_finite()
+    with pytest.raises(TrainingDivergedError, match="nan at update 7"):
+        update.metrics.pop()
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ with `hang_at` it sleeps for a minute there.
 
 from __future__ import annotations
 
+import multiprocessing
 import time
 
 import gymnasium as gym
@@ -26,13 +27,18 @@ class ToyEnv(gym.Env):
     metadata = {"render_modes": ["rgb_array"], "render_fps": 10}
 
     def __init__(
-        self, render_mode: str | None = "rgb_array", fail_at: int | None = None, hang_at: int | None = None
+        self,
+        render_mode: str | None = "rgb_array",
+        fail_at: int | None = None,
+        hang_at: int | None = None,
+        frame_side: int = 8,
     ):
         self.observation_space = spaces.Dict({"observation.state": spaces.Box(-1e6, 1e6, (2,), np.float64)})
         self.action_space = spaces.Box(-1e6, 1e6, (2,), np.float32)
         self.render_mode = render_mode
         self.fail_at = fail_at
         self.hang_at = hang_at
+        self.frame_side = frame_side
         self.seed_value = 0
         self.t = 0
 
@@ -60,13 +66,22 @@ class ToyEnv(gym.Env):
         return self._obs(), reward, terminated, False, {"is_success": terminated}
 
     def render(self):
-        frame = np.zeros((8, 8, 3), dtype=np.uint8)
+        frame = np.zeros((self.frame_side, self.frame_side, 3), dtype=np.uint8)
         frame[..., 0] = self.t % 256
         return frame
 
 
-def make_toy(max_episode_steps: int = 12, fail_at: int | None = None, hang_at: int | None = None) -> gym.Env:
-    """A time-limited ToyEnv (truncation after `max_episode_steps`)."""
+def make_toy(
+    max_episode_steps: int = 12,
+    fail_at: int | None = None,
+    hang_at: int | None = None,
+    worker_start_delay_s: float = 0.0,
+    frame_side: int = 8,
+) -> gym.Env:
+    """A time-limited ToyEnv (truncation after `max_episode_steps`) rendering (frame_side, frame_side, 3)
+    frames; built in a worker process it first sleeps `worker_start_delay_s` (a stuck start-up)."""
+    if multiprocessing.parent_process() is not None:
+        time.sleep(worker_start_delay_s)
     return gym.wrappers.TimeLimit(
-        ToyEnv(fail_at=fail_at, hang_at=hang_at), max_episode_steps=max_episode_steps
+        ToyEnv(fail_at=fail_at, hang_at=hang_at, frame_side=frame_side), max_episode_steps=max_episode_steps
     )

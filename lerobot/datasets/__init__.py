@@ -1,4 +1,4 @@
-"""Datasets: PushT import/conversion, the episode dataset with delta_timestamps windows, statistics, loaders."""
+"""Datasets: PushT and LeRobotDataset import/conversion (and LeRobotDataset export), the episode dataset with delta_timestamps windows, statistics, loaders."""
 
 from lerobot.datasets.episode_dataset import DeltaTimestampsError, EpisodeDataset, collate_batch
 from lerobot.datasets.factory import (
@@ -11,6 +11,8 @@ from lerobot.datasets.factory import (
     split_episodes,
 )
 from lerobot.datasets.format import DatasetError, DatasetNotFoundError
+from lerobot.datasets.lerobot_export import export_lerobot_dataset
+from lerobot.datasets.lerobot_import import convert_lerobot_dataset, prepare_lerobot
 from lerobot.datasets.pusht_import import (
     PUSHT_URL,
     convert_pusht_zarr,
@@ -31,14 +33,17 @@ __all__ = [
     "block_coverage",
     "block_keypoints",
     "collate_batch",
+    "convert_lerobot_dataset",
     "convert_pusht_zarr",
     "coverage_reward",
     "cycle_batches",
     "default_cache_dir",
+    "export_lerobot_dataset",
     "find_pusht_source",
     "import_dataset",
     "make_dataloader",
     "make_dataset",
+    "prepare_lerobot",
     "prepare_pusht",
     "split_episodes",
 ]

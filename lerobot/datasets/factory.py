@@ -23,21 +23,33 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from lerobot.config import ConfigError, DatasetConfig, EnvConfig
 from lerobot.constants import ACTION
 from lerobot.datasets.episode_dataset import EpisodeDataset, collate_batch
+from lerobot.datasets.lerobot_import import LEROBOT_FORMAT, prepare_lerobot
 from lerobot.datasets.pusht_import import prepare_pusht
 
 SPLITS = ("train", "val")
 
 # `dataset.format` -> importer: finds (or downloads) the source data and converts it once into the
 # project's format (`lerobot.datasets.format`); returns the converted directory.
-IMPORTERS: dict[str, Callable[[DatasetConfig], Path]] = {"pusht_zarr": prepare_pusht}
+IMPORTERS: dict[str, Callable[[DatasetConfig], Path]] = {
+    "pusht_zarr": prepare_pusht,
+    LEROBOT_FORMAT: prepare_lerobot,
+}
+
+
+def dataset_format(dataset_cfg: DatasetConfig) -> str:
+    """`dataset.format`, or when unset `lerobot` if `dataset.repo_id` is set, else `pusht_zarr`."""
+    if dataset_cfg.format:
+        return dataset_cfg.format
+    return LEROBOT_FORMAT if dataset_cfg.repo_id else "pusht_zarr"
 
 
 def import_dataset(dataset_cfg: DatasetConfig) -> Path:
     """Run the importer `dataset_cfg.format` names; return the directory of the converted dataset."""
-    importer = IMPORTERS.get(dataset_cfg.format)
+    name = dataset_format(dataset_cfg)
+    importer = IMPORTERS.get(name)
     if importer is None:
         raise ConfigError(
-            f"dataset.format={dataset_cfg.format!r} is unknown; expected one of {', '.join(sorted(IMPORTERS))}"
+            f"dataset.format={name!r} is unknown; expected one of {', '.join(sorted(IMPORTERS))}"
         )
     return importer(dataset_cfg)
 
@@ -87,7 +99,7 @@ def make_dataset(
     missing = [k for k in wanted if k not in probe.keys]
     if missing:
         raise ConfigError(
-            f"the {dataset_cfg.format} dataset at {root} has no feature {missing} that env {env_cfg.name!r} "
+            f"the {dataset_format(dataset_cfg)} dataset at {root} has no feature {missing} that env {env_cfg.name!r} "
             f"needs (it has {probe.keys}); pick the env the data was recorded with or another dataset.format"
         )
     for key, feature in env_cfg.features.items():

@@ -8,6 +8,7 @@ import json
 import logging
 import multiprocessing
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -15,11 +16,13 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, VectorEnv
+from gymnasium.vector.async_vector_env import AsyncState
 from omegaconf import OmegaConf
 
 from lerobot.config import ConfigError, EnvConfig
 from lerobot.constants import VISUAL
-from lerobot.envs.observation import BatchKeyObservation
+from lerobot.envs.faults import EnvWorkerError, close_now, kill_workers, worker_call
+from lerobot.envs.worker import build_env
 
 log = logging.getLogger(__name__)
 
@@ -27,30 +30,65 @@ log = logging.getLogger(__name__)
 _START_METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 
 
-def _make_single_env(
-    gym_id: str,
-    max_episode_steps: int,
-    gym_kwargs: dict,
-    render_mode: str | None,
-    observation_keys: dict[str, str],
-) -> gym.Env:
-    """Create one env with batch-keyed observations; runs inside async workers too, so it imports the
-    env's package itself."""
-    namespace = gym_id.split("/")[0] if "/" in gym_id else None
-    if namespace is not None:
-        # Registering the namespace (e.g. `gym_pusht`) is a side effect of importing its package.
-        importlib.import_module(namespace)
-    kwargs = dict(gym_kwargs)
-    if render_mode is not None:
-        kwargs["render_mode"] = render_mode
-    env = gym.make(gym_id, max_episode_steps=max_episode_steps, disable_env_checker=True, **kwargs)
-    return BatchKeyObservation(env, observation_keys)
+# A worker that has not built its env after this long is stuck (importing the env's package and building it
+# takes seconds, even with dozens of workers sharing two cores).
+ASYNC_START_TIMEOUT_S = 120.0
+
+
+class _AsyncVectorEnv(AsyncVectorEnv):
+    """An `AsyncVectorEnv` that never waits on a worker that cannot answer.
+
+    A worker that dies while the env starts raises `EnvWorkerError` naming it (gymnasium: a bare
+    `ConnectionResetError`), and `close()` kills the workers instead of waiting on them when one is dead
+    or a call is still pending (after a timeout or Ctrl-C), where gymnasium's `close()` would hang.
+    """
+
+    def _check_spaces(self) -> None:
+        # gymnasium's first exchange with the new workers, at the end of __init__. It waits on them without
+        # a timeout, so a watchdog kills the workers still silent after ASYNC_START_TIMEOUT_S, which turns
+        # that wait into a broken pipe.
+        silent: list[int] = []
+
+        def kill_silent() -> None:
+            silent.extend(
+                i for i, pipe in enumerate(self.parent_pipes) if pipe is not None and not pipe.poll(0)
+            )
+            for i in silent:
+                self.processes[i].kill()
+
+        watchdog = threading.Timer(ASYNC_START_TIMEOUT_S, kill_silent)
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            with worker_call(self, "start-up", ASYNC_START_TIMEOUT_S):
+                super()._check_spaces()
+        except EnvWorkerError:
+            close_now(self)
+            if not silent:
+                raise
+            who = ", ".join(f"env worker {i} (pid {self.processes[i].pid})" for i in silent)
+            raise EnvWorkerError(
+                f"{who} of {self.num_envs} did not answer its start-up within {ASYNC_START_TIMEOUT_S:.0f} s "
+                "(stopped or stuck)"
+            ) from None
+        except BaseException:
+            close_now(self)
+            raise
+        finally:
+            watchdog.cancel()
+
+    def close_extras(self, timeout: float | None = None, terminate: bool = False) -> None:
+        """Close the workers: politely when all are alive and idle, else by SIGKILL (see `kill_workers`)."""
+        if terminate or self._state != AsyncState.DEFAULT or not all(p.is_alive() for p in self.processes):
+            kill_workers(self)
+        else:
+            super().close_extras(timeout=timeout)
 
 
 def make_single_env(env_cfg: EnvConfig, render_mode: str | None = None) -> gym.Env:
     """One env of `env_cfg` (time limit, observations keyed by batch keys), outside any vector env."""
     _check_env_config(env_cfg)
-    return _make_single_env(
+    return build_env(
         env_cfg.gym_id,
         env_cfg.max_episode_steps,
         dict(env_cfg.gym_kwargs),
@@ -122,7 +160,7 @@ def make_env(
         raise ConfigError(f"n_envs={n_envs} must be >= 1")
     _check_env_config(env_cfg)
     fn = functools.partial(
-        _make_single_env,
+        build_env,  # pickled into every async worker: lives in a torch-free module
         env_cfg.gym_id,
         env_cfg.max_episode_steps,
         dict(env_cfg.gym_kwargs),
@@ -131,7 +169,7 @@ def make_env(
     )
     fns = [fn] * n_envs
     if use_async:
-        env = AsyncVectorEnv(fns, context=_START_METHOD, autoreset_mode=autoreset_mode, copy=copy)
+        env = _AsyncVectorEnv(fns, context=_START_METHOD, autoreset_mode=autoreset_mode, copy=copy)
     else:
         env = SyncVectorEnv(fns, autoreset_mode=autoreset_mode, copy=copy)
     try:

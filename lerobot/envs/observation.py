@@ -1,78 +1,18 @@
 """From an env's own observation to the policy's batch.
 
-Two steps. `BatchKeyObservation`, a gymnasium wrapper that `make_env` puts around every env, renames
-the env's (possibly nested) observation into a flat dict keyed by batch keys, as `env.observation_keys`
-says; it only picks entries, never copies. `observation_to_batch` then turns a vector env's batched
-observation into float32 tensors by their layout.
+Two steps. `BatchKeyObservation` (in the torch-free `lerobot.envs.worker`, as it runs in env worker
+processes), a gymnasium wrapper that `make_env` puts around every env, renames the env's (possibly nested)
+observation into a flat dict keyed by batch keys, as `env.observation_keys` says; it only picks entries,
+never copies. `observation_to_batch` then turns a vector env's batched observation into float32 tensors
+by their layout.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-import gymnasium as gym
 import numpy as np
 import torch
-from gymnasium import spaces
-
-from lerobot.config import WHOLE_OBSERVATION, ConfigError
-
-PATH_SEPARATOR = "/"
-
-
-def _split(path: str) -> tuple[str, ...]:
-    return () if path == WHOLE_OBSERVATION else tuple(path.split(PATH_SEPARATOR))
-
-
-def observation_paths(space: spaces.Space) -> list[str]:
-    """Every leaf of an observation space as an `env.observation_keys` path (`.` for a non-dict space)."""
-    if not isinstance(space, spaces.Dict):
-        return [WHOLE_OBSERVATION]
-    paths = []
-    for key, sub in space.spaces.items():
-        if isinstance(sub, spaces.Dict):
-            paths += [f"{key}{PATH_SEPARATOR}{p}" for p in observation_paths(sub)]
-        else:
-            paths.append(key)
-    return paths
-
-
-class BatchKeyObservation(gym.ObservationWrapper):
-    """Observations as `{batch key: array}`, picked from the env's observation by `observation_keys`.
-
-    Args:
-        env: the env to wrap.
-        observation_keys: env observation path -> batch key; a path is `key` or `key/subkey/...` into
-            nested dicts, or `.` for an env whose whole observation is one array.
-
-    Raises `ConfigError` naming the path (and the paths the env has) when a path does not exist.
-    """
-
-    def __init__(self, env: gym.Env, observation_keys: Mapping[str, str]):
-        super().__init__(env)
-        self._routes = [(_split(path), key) for path, key in observation_keys.items()]
-        picked = {}
-        for (parts, key), path in zip(self._routes, observation_keys):
-            space = env.observation_space
-            for part in parts:
-                if not isinstance(space, spaces.Dict) or part not in space.spaces:
-                    raise ConfigError(
-                        f"env.observation_keys: {env.spec.id if env.spec else env} has no observation "
-                        f"{path!r}; its observation paths are {observation_paths(env.observation_space)}"
-                    )
-                space = space.spaces[part]
-            picked[key] = space
-        self.observation_space = spaces.Dict(picked)
-
-    def observation(self, observation):
-        """The picked entries, under their batch keys (the same arrays, not copies)."""
-        out = {}
-        for parts, key in self._routes:
-            value = observation
-            for part in parts:
-                value = value[part]
-            out[key] = value
-        return out
 
 
 def observation_to_batch(

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +28,8 @@ from typing import Any
 
 import torch
 from omegaconf import OmegaConf
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
+from safetensors.torch import save as safetensors_bytes
 
 from lerobot.config import ConfigError, EnvConfig, FeatureConfig
 from lerobot.policies.config import PolicyConfig
@@ -91,14 +92,17 @@ def hub_config(policy_cfg: PolicyConfig, env_cfg: EnvConfig | None = None) -> di
 
 
 def _replace_atomically(path: Path, write) -> None:
-    """Call `write(tmp_path)` on a temporary sibling of `path`, then rename it over `path`."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
+    """Call `write(tmp_path)` on a temporary sibling of `path`, then rename it over `path`.
+
+    The sibling is created by `write` itself (not `tempfile`, whose files are 0600), so the file's mode
+    follows the user's umask.
+    """
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:
-        write(Path(tmp))
+        write(tmp)
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 
@@ -121,7 +125,8 @@ def save_pretrained(policy: Policy, save_dir: Path | str, env_cfg: EnvConfig | N
     save_dir = Path(save_dir)
     save_dir.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous().cpu() for k, v in policy.state_dict().items()}
-    _replace_atomically(save_dir / MODEL_FILE, lambda tmp: save_file(state, tmp))
+    # Through a Python file, not safetensors' own writer, so that the mode follows the umask.
+    _replace_atomically(save_dir / MODEL_FILE, lambda tmp: tmp.write_bytes(safetensors_bytes(state)))
     write_hub_config(save_dir, policy.config, env_cfg)
     return save_dir
 

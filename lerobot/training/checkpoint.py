@@ -6,6 +6,8 @@ Layout of `run_dir/checkpoints/000001000/`:
   feature shapes the weights were trained with, so that a checkpoint refuses an env or an architecture that
   does not fit it, even when `config.yaml` was edited.
 - `config.yaml`: the fully resolved config of the run (env, policy, training, eval).
+- `config.json`: the policy's hub-layout config (`lerobot.policies.pretrained`), so that a checkpoint is also a
+  pretrained directory (`Policy.from_pretrained`).
 - `training_state.pt` (optional): raw weights, optimizer, LR scheduler, EMA, RNG states, step, extras.
 - `checksums.json`: the sha256 of every other file (`lerobot.training.checksums`), checked before each read.
 `run_dir/checkpoints/last` is a symlink to the newest complete checkpoint. A checkpoint is written into a
@@ -36,6 +38,7 @@ from safetensors.torch import save as safetensors_bytes
 from lerobot.config import env_config, validate_config
 from lerobot.policies.factory import available_policies, make_policy, make_policy_config, policy_config_class
 from lerobot.policies.policy import Policy
+from lerobot.policies.pretrained import write_hub_config
 from lerobot.training.checksums import (
     ChecksumError,
     file_sha256,
@@ -106,6 +109,8 @@ def save_checkpoint(
         # full disk raises OSError.
         (tmp / MODEL_FILE).write_bytes(safetensors_bytes(tensors, metadata=_weights_metadata(cfg)))
         OmegaConf.save(cfg, tmp / CONFIG_FILE, resolve=True)
+        # config.json next to model.safetensors makes the checkpoint a hub-layout pretrained directory too.
+        write_hub_config(tmp, policy.config, env_config(cfg))
         if training_state is not None:
             with open(tmp / TRAINING_STATE_FILE, "wb") as f:
                 torch.save(training_state, f)

@@ -6,6 +6,7 @@ import datetime as dt
 import json
 import logging
 import random
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,16 +26,101 @@ log = logging.getLogger(__name__)
 
 
 class TrainingDivergedError(RuntimeError):
-    """The loss became NaN or infinite."""
+    """The loss became NaN or infinite.
+
+    `update`, when known: the number (1-based, counted in this process) of the first update whose loss was not
+    finite. Found at log time (`StepMetrics`), it tells which weights gave that loss: those after update
+    `update - 1`.
+    """
+
+    def __init__(self, message: str, update: int | None = None):
+        super().__init__(message)
+        self.update = update
 
 
 def resolve_device(name: str) -> torch.device:
-    """`auto` -> cuda when available, else cpu; `cuda` without a GPU is a config error."""
+    """The torch device that `device=<name>` asks for (see `RootConfig.device`), set up for use.
+
+    `auto` picks CUDA when a GPU is present, else MPS (Apple GPU) where available, else the CPU. A named device
+    that this machine lacks (`cuda` without a GPU, `cuda:1` with one GPU, `mps` off a Mac) is a config error.
+    On CUDA, float32 matmuls and convolutions use TF32 (bf16 autocast is `training.use_amp`).
+    """
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"device={name} but no CUDA GPU is available; use device=cpu")
-    return torch.device(name)
+        if torch.cuda.is_available():
+            name = "cuda"
+        elif torch.backends.mps.is_available():
+            name = "mps"
+        else:
+            name = "cpu"
+    device = torch.device(name)
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if (device.index or 0) >= count:
+            have = f"{count} CUDA GPU(s) (cuda:0..cuda:{count - 1})" if count else "no CUDA GPU"
+            raise ConfigError(f"device={name} but this machine has {have}; use device=auto or device=cpu")
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(
+            f"device={name} but MPS (Apple GPU) is not available here; use device=auto or device=cpu"
+        )
+    log.info("device: %s", describe_device(device))
+    return device
+
+
+def describe_device(device: torch.device) -> str:
+    """`device` as the start-up line shows it, e.g. `cuda:0 (NVIDIA H200)` or `cpu (2 threads)`."""
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return f"cuda:{index} ({torch.cuda.get_device_name(index)}, TF32 matmuls)"
+    if device.type == "cpu":
+        return f"cpu ({torch.get_num_threads()} threads)"
+    return str(device)
+
+
+# A CPU run whose measured pace puts its end further away than this gets a warning naming `CPU_RECIPE`.
+CPU_WARN_HOURS = 6.0
+CPU_RECIPE = "+experiment=diffusion_pusht_keypoints_cpu"
+GPU_RECIPE = "+experiment=diffusion_pusht_gpu"
+
+
+def cpu_run_warning(step_s: float, steps_left: int) -> str | None:
+    """The warning for a CPU run of `steps_left` more steps at `step_s` seconds each, or None when it ends
+    within `CPU_WARN_HOURS`."""
+    hours = step_s * steps_left / 3600
+    if hours <= CPU_WARN_HOURS:
+        return None
+    return (
+        f"on the CPU this run takes about {hours:,.0f} hours ({step_s:.2f} s per step, {steps_left:,} steps "
+        f"left); the paper-size models need a GPU ({GPU_RECIPE}). A recipe sized for a CPU: {CPU_RECIPE} "
+        "(Diffusion Policy on PushT keypoints, under an hour on 2 cores); or lower training.steps"
+    )
+
+
+class CpuPace:
+    """Measures the first steps of a CPU run (after `warm_up` steps, which include one-time setup) and logs
+    `cpu_run_warning` once, early, when the run would take far too long. Does nothing off the CPU."""
+
+    def __init__(self, device: torch.device, steps_left: int, warm_up: int = 1, measured: int = 2):
+        self.active = device.type == "cpu" and steps_left > warm_up + measured
+        self.steps_left = steps_left
+        self.warm_up, self.measured = warm_up, measured
+        self.done = 0
+        self._start = 0.0
+
+    def step(self) -> None:
+        """Count one finished step; after `warm_up + measured` of them, log the warning if it applies."""
+        if not self.active:
+            return
+        self.done += 1
+        if self.done == self.warm_up:
+            self._start = time.perf_counter()
+        elif self.done == self.warm_up + self.measured:
+            self.active = False
+            step_s = (time.perf_counter() - self._start) / self.measured
+            warning = cpu_run_warning(step_s, self.steps_left - self.done)
+            if warning is not None:
+                log.warning(warning)
 
 
 def set_seed(seed: int) -> None:

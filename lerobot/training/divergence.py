@@ -1,10 +1,11 @@
 """When training diverges: keep the last checkpoint whose weights are good, and say which one it is.
 
 A checkpoint's weights are good once a finite loss has been computed on them. When the loss becomes NaN or
-infinite, the weights that gave it are the current ones; if they were saved since the last update, that
-checkpoint is not good, and `checkpoints/last` is moved back to the newest earlier one (the diverged
-checkpoint stays on disk for inspection; a resumed run overwrites it). Non-finite weights are never saved
-(`save_checkpoint` refuses them), so every checkpoint left is finite.
+infinite, the weights that gave it are those before the update that computed it (the trainers find it at log
+time, `StepMetrics`, which names that update); if they were saved, that checkpoint is not good, and
+`checkpoints/last` is moved back to the newest earlier one (the diverged checkpoint stays on disk for
+inspection; a resumed run overwrites it). Non-finite weights are never saved (`save_checkpoint` refuses
+them), so every checkpoint left is finite.
 """
 
 from __future__ import annotations
@@ -27,15 +28,27 @@ class DivergenceGuard:
         """`advice`: what to change before training again (see `TrainStep.advice`)."""
         self.run_dir = Path(run_dir)
         self.advice = advice
-        self._saved_step: int | None = None  # the checkpoint holding the current weights, if any
+        self.updates = 0  # gradient updates made in this process
+        self._saved: tuple[int, int] | None = None  # (step, updates made before it) of the last checkpoint
 
     def updated(self) -> None:
-        """The weights changed (and the loss before the change was finite)."""
-        self._saved_step = None
+        """The weights changed."""
+        self.updates += 1
 
     def saved(self, step: int) -> None:
         """Checkpoint `step` now holds the current weights."""
-        self._saved_step = step
+        self._saved = (step, self.updates)
+
+    def _diverged_step(self, exc: BaseException) -> int | None:
+        """The checkpoint step holding the weights that diverged, if they were saved."""
+        if self._saved is None:
+            return None
+        # A non-finite loss at update n came from the weights after update n - 1; weights that cannot be
+        # saved (non-finite) are the current ones.
+        known = exc.update if isinstance(exc, TrainingDivergedError) else None
+        weights_after = known - 1 if known is not None else self.updates
+        step, updates_before = self._saved
+        return step if updates_before == weights_after else None
 
     def __enter__(self) -> DivergenceGuard:
         return self
@@ -44,11 +57,12 @@ class DivergenceGuard:
         self, typ: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         if isinstance(exc, TrainingDivergedError | NonFiniteWeightsError):
-            raise TrainingDivergedError(f"{exc}; {self._keep_last_good()}; {self.advice}") from None
+            message = f"{exc}; {self._keep_last_good(self._diverged_step(exc))}; {self.advice}"
+            raise TrainingDivergedError(message) from None
 
-    def _keep_last_good(self) -> str:
+    def _keep_last_good(self, diverged_step: int | None) -> str:
         """Point `last` at the newest checkpoint not holding the weights that diverged; say which it is."""
-        bad = checkpoint_dir(self.run_dir, self._saved_step) if self._saved_step is not None else None
+        bad = checkpoint_dir(self.run_dir, diverged_step) if diverged_step is not None else None
         good = [p for p in list_checkpoints(self.run_dir) if p != bad]
         if bad is not None and bad.exists():
             if not good:

@@ -1,6 +1,7 @@
 """What the offline and online trainers share: one gradient update and the skeleton of the loop around it.
 
-`TrainStep` is the update (autocast, loss check, backward, clipping, optimizer, LR schedule, EMA).
+`TrainStep` is the update (autocast, backward, clipping, optimizer, LR schedule, EMA) and its metrics
+(`StepMetrics`: accumulated on the device, read at log time, where a non-finite loss stops the run).
 `TrainingLoop` is the run's progress: the step counter (gradient steps offline, env transitions online), the
 progress bar, the metrics log, and when logging, checkpointing and evaluation are due. A trainer writes its
 own work between two `advance` calls:
@@ -9,8 +10,8 @@ own work between two `advance` calls:
         while loop.running:
             ...                                  # offline: a batch, one update; online: collect, n updates
             due = loop.advance(n)                # n = steps this iteration counts
-            if due.log: loop.log(metrics)
-            if due.checkpoint: save_checkpoint(...)
+            if due.log: loop.log(update.metrics.pop() | ...)   # the window's one host sync
+            if due.checkpoint: update.metrics.check_finite(); save_checkpoint(...)
             if due.eval: loop.evaluate(policy)
 
 Each of the three is due when the counter crosses a multiple of its period (`training.log_freq`,
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,12 +69,93 @@ def build_optimizer(
     return optimizer, scheduler
 
 
-class TrainStep:
-    """One gradient update of `policy`; owns the optimizer, the LR scheduler and the EMA weights.
+class StepMetrics:
+    """The scalar outputs of the updates since the last log, accumulated on the device.
 
-    The loss is computed under bf16 autocast when `training.use_amp` is set; a loss that is not finite stops
-    training; gradients are clipped to `training.grad_clip_norm`; the EMA of the weights (when the policy
-    config sets `use_ema`) steps after the optimizer.
+    Reading a device value on the host waits for all the work queued before it (a host sync), so `add`
+    reads nothing: it writes each update's loss into a device tensor (one slot per update, so that the first
+    non-finite one can be named) and sums every scalar output into another. `pop`, at log time, copies both
+    to the host in one transfer (the one sync of a log window), raises `TrainingDivergedError` naming the
+    first update whose loss was NaN or infinite, and returns the means. `check_finite` does the same check
+    without consuming the window (before a checkpoint is written).
+
+    For a reduction across processes: `sums` (K,) holds the sums of `keys` over `count` updates, `losses`
+    (capacity,) the losses of the updates in order, both on the training device.
+    """
+
+    def __init__(self) -> None:
+        self.keys: list[str] = []
+        self.sums: Tensor | None = None
+        self.losses: Tensor | None = None
+        self.where: list[str] = []  # the label of each update of the window, as given to `add`
+        self.total = 0  # updates added since this object was made, windows before this one included
+        self._checked = 0  # updates of the window already known to have a finite loss
+
+    @property
+    def count(self) -> int:
+        """Updates accumulated since the last `pop`."""
+        return len(self.where)
+
+    def add(self, output: dict[str, Tensor], where: str) -> None:
+        """Accumulate the scalars of one update's `output` (`loss` among them); `where` names the update in
+        the divergence error (e.g. "step 12")."""
+        scalars = {k: v for k, v in output.items() if v.numel() == 1}
+        if not self.keys:
+            self.keys = list(scalars)
+        values = torch.stack([scalars[k].detach().reshape(()).float() for k in self.keys])
+        n = self.count
+        if self.sums is None:
+            self.sums = torch.zeros_like(values)
+            self.losses = values.new_zeros(64)
+        elif n == self.losses.numel():  # grow by doubling: a window's update count is not fixed (online)
+            self.losses = torch.cat([self.losses, torch.zeros_like(self.losses)])
+        self.sums += values
+        self.losses[n] = values[self.keys.index("loss")]
+        self.where.append(where)
+        self.total += 1
+
+    def _host_values(self) -> tuple[list[float], list[float]]:
+        """(sums, losses of this window) on the host, in one device-to-host copy."""
+        n = self.count
+        host = torch.cat([self.sums, self.losses[:n]]).cpu().tolist()
+        return host[: len(self.keys)], host[len(self.keys) :]
+
+    def _raise_if_diverged(self, losses: list[float]) -> None:
+        for i in range(self._checked, len(losses)):
+            if not math.isfinite(losses[i]):
+                first_of_window = self.total - self.count
+                raise TrainingDivergedError(
+                    f"loss is {losses[i]} at {self.where[i]}; stopping", update=first_of_window + i + 1
+                )
+        self._checked = len(losses)
+
+    def check_finite(self) -> None:
+        """Raise `TrainingDivergedError` if an update since the last `pop` had a non-finite loss (one host
+        sync, none when every update was already checked)."""
+        if self.count > self._checked:
+            self._raise_if_diverged(self._host_values()[1])
+
+    def pop(self) -> dict[str, float]:
+        """Means of the scalar outputs over the updates since the last `pop` ({} if none), after the
+        divergence check; starts a new window."""
+        if self.count == 0:
+            return {}
+        sums, losses = self._host_values()
+        self._raise_if_diverged(losses)
+        means = {k: v / self.count for k, v in zip(self.keys, sums)}
+        self.sums.zero_()
+        self.where, self._checked = [], 0
+        return means
+
+
+class TrainStep:
+    """One gradient update of `policy`; owns the optimizer, the LR scheduler, the EMA weights and the
+    update's metrics (`metrics`, a `StepMetrics`).
+
+    The loss is computed under bf16 autocast when `training.use_amp` is set; gradients are clipped to
+    `training.grad_clip_norm`; the EMA of the weights (when the policy config sets `use_ema`) steps after the
+    optimizer. Nothing here waits for the device: a non-finite loss is found when `metrics` is read (at log
+    time and before a checkpoint), which names the first update that had one.
     """
 
     def __init__(
@@ -92,19 +175,17 @@ class TrainStep:
             )
         self.grad_clip_norm = training_cfg.grad_clip_norm
         self.use_amp = training_cfg.use_amp
+        self.device_type = next(policy.parameters()).device.type
+        self.metrics = StepMetrics()
 
     def __call__(self, batch: dict[str, Tensor], where: str) -> dict[str, Tensor]:
-        """Update on `batch`; return the policy's outputs (detached) and `grad_norm` (before clipping).
-
-        `where` names the update in the error raised when the loss is NaN or infinite (e.g. "step 12").
-        """
+        """Update on `batch`; return the policy's outputs (detached) and `grad_norm` (before clipping), all
+        still on the device. They are also added to `metrics`, with `where` naming the update (e.g. "step 12")
+        in the error raised there when its loss was NaN or infinite."""
         self.policy.train()
-        device_type = next(self.policy.parameters()).device.type
-        with torch.autocast(device_type, dtype=torch.bfloat16, enabled=self.use_amp):
+        with torch.autocast(self.device_type, dtype=torch.bfloat16, enabled=self.use_amp):
             output = self.policy.forward(batch)
         loss = output["loss"]
-        if not torch.isfinite(loss):
-            raise TrainingDivergedError(f"loss is {loss.item()} at {where}; stopping")
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.grad_clip_norm)
@@ -112,7 +193,9 @@ class TrainStep:
         self.scheduler.step()
         if self.ema is not None:
             self.ema.step(self.policy.parameters())
-        return {**{k: v.detach() for k, v in output.items()}, "grad_norm": grad_norm}
+        output = {**{k: v.detach() for k, v in output.items()}, "grad_norm": grad_norm}
+        self.metrics.add(output, where)
+        return output
 
     def advice(self) -> str:
         """What to change when this update diverges (gradients are already clipped, so not that)."""
@@ -144,8 +227,13 @@ class TrainStep:
 
 
 def to_device(batch: dict[str, Tensor], device: torch.device) -> dict[str, Tensor]:
-    """`batch` with every tensor on `device` (asynchronous copies from pinned memory)."""
-    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+    """`batch` with every tensor on `device`. To CUDA the copies are asynchronous: from pinned (page-locked)
+    host memory, pinning first what is not pinned yet (a copy from pageable memory would wait)."""
+    if device.type != "cuda":
+        return {k: v.to(device) for k, v in batch.items()}
+    return {
+        k: (v if v.is_pinned() else v.pin_memory()).to(device, non_blocking=True) for k, v in batch.items()
+    }
 
 
 def _crossed(before: int, after: int, every: int) -> bool:

@@ -21,9 +21,8 @@ from lerobot.policies.config import PolicyConfig
 from lerobot.policies.factory import make_policy, make_policy_config
 from lerobot.policies.online_policy import OnlinePolicy
 from lerobot.policies.policy import Policy
-from lerobot.policies.pretrained import write_hub_config
 from lerobot.training.checkpoint import get_rng_state, load_training_state, save_checkpoint, set_rng_state
-from lerobot.training.common import resolve_device, set_seed, setup_run
+from lerobot.training.common import CpuPace, resolve_device, set_seed, setup_run
 from lerobot.training.divergence import DivergenceGuard
 from lerobot.training.loop import TrainingLoop, TrainStep, to_device
 
@@ -52,34 +51,45 @@ def make_offline_policy(policy_cfg: PolicyConfig, dataset: EpisodeDataset, devic
 
 
 class _LogWindow:
-    """Time spent loading batches and updating since the last log, turned into the rates of the next one."""
+    """Wall time of the steps since the last log, split into waiting for batches and updating, turned into
+    the rates of the next one.
+
+    No step waits for the device: the update time of a window is its wall time less the batch waits, read
+    at log time after the metrics' host sync, so it includes the device work its steps queued.
+    """
 
     def __init__(self, batch_size: int):
         self.batch_size = batch_size
-        self.steps = 0
-        self.data_s = self.update_s = 0.0
+        self._restart()
 
-    def add(self, data_s: float, update_s: float) -> None:
-        """Count one step that waited `data_s` for its batch and took `update_s` to update."""
+    def _restart(self) -> None:
+        self.steps = 0
+        self.data_s = 0.0
+        self.start = time.perf_counter()
+
+    def add(self, data_s: float) -> None:
+        """Count one step that waited `data_s` for its batch."""
         self.steps += 1
         self.data_s += data_s
-        self.update_s += update_s
+
+    def exclude(self, seconds: float) -> None:
+        """Leave `seconds` spent on something else (a checkpoint, an evaluation) out of the window."""
+        self.start += seconds
 
     def pop(self) -> dict[str, float]:
         """Mean times per step and samples per second over the window ending now, then start a new window."""
+        elapsed = time.perf_counter() - self.start
         metrics = {
             "data_s": self.data_s / self.steps,
-            "update_s": self.update_s / self.steps,
-            "samples_per_s": self.batch_size * self.steps / max(self.data_s + self.update_s, 1e-9),
+            "update_s": max(elapsed - self.data_s, 0.0) / self.steps,
+            "samples_per_s": self.batch_size * self.steps / max(elapsed, 1e-9),
         }
-        self.steps = 0
-        self.data_s = self.update_s = 0.0
+        self._restart()
         return metrics
 
 
 def save(run_dir: Path, step: int, policy: Policy, update: TrainStep, cfg: DictConfig) -> None:
-    """Checkpoint `step`: the EMA weights (when used) as the model, everything `restore` needs besides, and
-    `config.json`, which makes the checkpoint directory a hub-layout pretrained directory too."""
+    """Checkpoint `step`: the EMA weights (when used) as the model, and everything `restore` needs besides."""
     training_state = {
         "model": policy.state_dict(),
         "optimizer": update.optimizer.state_dict(),
@@ -90,9 +100,7 @@ def save(run_dir: Path, step: int, policy: Policy, update: TrainStep, cfg: DictC
     }
     with update.averaged_weights():
         model = {k: v.clone() for k, v in policy.state_dict().items()}
-    ckpt = save_checkpoint(run_dir, step, policy, cfg, training_state, eval_state_dict=model)
-    # With config.json next to model.safetensors the checkpoint is also a hub-layout pretrained directory.
-    write_hub_config(ckpt, policy.config, env_config(cfg))
+    save_checkpoint(run_dir, step, policy, cfg, training_state, eval_state_dict=model)
 
 
 def restore(ckpt_dir: Path, policy: Policy, update: TrainStep) -> tuple[int, dict[str, Any]]:
@@ -138,6 +146,7 @@ def train_offline(cfg: DictConfig, progress: bool = True) -> Path:
         set_rng_state(rng)
 
     window = _LogWindow(batch_size)
+    pace = CpuPace(device, cfg.training.steps - step)
     with (
         TrainingLoop(
             cfg, run_dir, start=step, resumed=resume_from is not None, unit="step", progress=progress
@@ -150,23 +159,24 @@ def train_offline(cfg: DictConfig, progress: bool = True) -> Path:
         while loop.running:
             t0 = time.perf_counter()
             batch = to_device(next(batches), device)
-            t1 = time.perf_counter()
-            output = update(batch, where=f"step {loop.step + 1}")
+            window.add(data_s=time.perf_counter() - t0)
+            update(batch, where=f"step {loop.step + 1}")  # queues the work; reads nothing back
             guard.updated()
-            if device.type == "cuda":
-                torch.cuda.synchronize()  # so that update_s measures the update, not its launch
-            window.add(data_s=t1 - t0, update_s=time.perf_counter() - t1)
+            pace.step()
             due = loop.advance(1)
 
             if due.log:
-                scalars = {k: v.item() for k, v in output.items() if v.numel() == 1}
-                loop.log({**scalars, "lr": update.lr, **window.pop()})
+                loop.log({**update.metrics.pop(), "lr": update.lr, **window.pop()})
+            t0 = time.perf_counter()
+            if due.checkpoint or due.eval:
+                update.metrics.check_finite()  # never save or evaluate diverged weights
             if due.checkpoint:
                 save(run_dir, loop.step, policy, update, cfg)
                 guard.saved(loop.step)
             if due.eval:
                 with update.averaged_weights():
                     loop.evaluate(policy)
+            window.exclude(time.perf_counter() - t0)
     # Ends the loader's workers now: they ignore SIGTERM (see `make_dataloader`), so the exit-time
     # terminate-and-join of multiprocessing must find none left.
     del batches

@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -260,7 +259,13 @@ class Collector:
 
 
 class _LogWindow:
-    """Update outputs and timings since the last log, turned into the metrics of the next one."""
+    """Update counts and timings since the last log, turned (with the updates' `StepMetrics`) into the
+    metrics of the next one.
+
+    The timings are host wall time and no update waits for the device, so on a GPU `update_s` is the time
+    to queue the updates; the device work they queued is waited for by the next collection (acting reads the
+    policy's actions on the host) and shows in `collect_s`. `env_steps_per_s` is exact either way.
+    """
 
     def __init__(self, transitions: int, n_envs: int):
         self.n_envs = n_envs
@@ -268,22 +273,21 @@ class _LogWindow:
 
     def _restart(self, transitions: int) -> None:
         self.start = transitions
-        self.sums: dict[str, float] = defaultdict(float)  # per-update outputs
         self.updates = 0
         self.collect_s = self.update_s = 0.0
 
-    def add_update(self, output: dict[str, torch.Tensor]) -> None:
-        """Count one update and add its outputs to the sums."""
-        self.updates += 1
-        for k, v in output.items():
-            self.sums[k] += float(v)
-
     def pop(
-        self, counts: Counts, episodes: dict[str, float], lr: float, buffer_size: int
+        self,
+        update_means: dict[str, float],
+        counts: Counts,
+        episodes: dict[str, float],
+        lr: float,
+        buffer_size: int,
     ) -> dict[str, float]:
-        """The metrics of the window ending now (means over its updates, rates), then start a new window."""
+        """The metrics of the window ending now (`update_means`: the means over its updates, from
+        `StepMetrics.pop`; rates), then start a new window."""
         window = counts.transitions - self.start
-        metrics = {k: v / self.updates for k, v in self.sums.items()} if self.updates else {}
+        metrics = dict(update_means)
         metrics.update(episodes)
         metrics.update(
             lr=lr,
@@ -405,18 +409,21 @@ def train_online(cfg: DictConfig, progress: bool = True) -> Path:
             for _ in range(n_updates):
                 batch = sample_mixed(buffer, demos, policy_cfg.batch_size, horizon, tcfg.offline_ratio)
                 where = f"update {counts.updates + 1} ({counts.transitions} transitions)"
-                output = update(to_device(batch, device), where=where)
+                update(to_device(batch, device), where=where)  # queues the work; reads nothing back
                 guard.updated()
                 policy.update_target()
                 counts.updates += 1
-                window.add_update(output)
+                window.updates += 1
             window.collect_s += t_update - t_collect
             window.update_s += time.perf_counter() - t_update
             counts.train_time_s += time.perf_counter() - t_collect
             due = loop.advance(counts.transitions - loop.step)
 
             if due.log:
-                loop.log(window.pop(counts, collector.episodes.pop(), lr=update.lr, buffer_size=len(buffer)))
+                episodes, size = collector.episodes.pop(), len(buffer)
+                loop.log(window.pop(update.metrics.pop(), counts, episodes, lr=update.lr, buffer_size=size))
+            if due.checkpoint or due.eval:
+                update.metrics.check_finite()  # never save or evaluate diverged weights
             if due.checkpoint:
                 state = checkpoint_state(update, schedule, counts, buffer if tcfg.save_buffer else None)
                 save_checkpoint(run_dir, counts.transitions, policy, cfg, state)

@@ -44,16 +44,21 @@ _SCHEDULERS = {"DDPM": DDPMScheduler, "DDIM": DDIMScheduler}
 
 
 def make_noise_scheduler(config: DiffusionConfig, name: str) -> DDPMScheduler | DDIMScheduler:
-    """A diffusers scheduler (`"DDPM"` or `"DDIM"`) with the config's noise schedule."""
-    return _SCHEDULERS[name](
-        num_train_timesteps=config.num_train_timesteps,
-        beta_start=config.beta_start,
-        beta_end=config.beta_end,
-        beta_schedule=config.beta_schedule,
-        clip_sample=config.clip_sample,
-        clip_sample_range=config.clip_sample_range,
-        prediction_type=config.prediction_type,
-    )
+    """A diffusers scheduler (`"DDPM"` or `"DDIM"`) with the config's noise schedule.
+
+    Its tables live on the CPU whatever the default device (it may be built lazily, at the first chunk):
+    diffusers reads them as scalars at each step, and moves them itself where it needs them elsewhere.
+    """
+    with torch.device("cpu"):
+        return _SCHEDULERS[name](
+            num_train_timesteps=config.num_train_timesteps,
+            beta_start=config.beta_start,
+            beta_end=config.beta_end,
+            beta_schedule=config.beta_schedule,
+            clip_sample=config.clip_sample,
+            clip_sample_range=config.clip_sample_range,
+            prediction_type=config.prediction_type,
+        )
 
 
 def edge_pad_actions(actions: Tensor, is_pad: Tensor) -> Tensor:
@@ -263,8 +268,10 @@ class DiffusionPolicy(Policy):
         conditioning = denoiser.condition(global_cond, timesteps)
         for i, step in enumerate(timesteps):
             prediction = denoiser.denoise(sample, conditioning, i).float()
-            # The sampler's arithmetic (and the sample it accumulates) stays fp32 under any autocast.
-            with torch.autocast(device_type=device.type, enabled=False):
+            # The sampler's arithmetic (and the sample it accumulates) stays fp32 under any autocast. The
+            # scheduler's bookkeeping tensors (some created without a device) stay on the host with its
+            # tables, whatever the default device.
+            with torch.autocast(device_type=device.type, enabled=False), torch.device("cpu"):
                 sample = scheduler.step(prediction, step, sample, generator=generator).prev_sample
         return sample
 

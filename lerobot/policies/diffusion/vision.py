@@ -139,8 +139,11 @@ def random_crop(images: Tensor, size: tuple[int, int], generator: torch.Generato
     """Crop every image of `images` (N, C, H, W) at its own random offset to `(N, C, h, w)`."""
     n, _, height, width = images.shape
     h, w = size
-    top = torch.randint(0, height - h + 1, (n,), generator=generator).to(images.device)
-    left = torch.randint(0, width - w + 1, (n,), generator=generator).to(images.device)
+    # Drawn where the generator lives (a CPU generator can seed a GPU run), else next to the images: no
+    # host-to-device copy per batch.
+    device = generator.device if generator is not None else images.device
+    top = torch.randint(0, height - h + 1, (n,), generator=generator, device=device).to(images.device)
+    left = torch.randint(0, width - w + 1, (n,), generator=generator, device=device).to(images.device)
     rows = top[:, None] + torch.arange(h, device=images.device)  # (N, h)
     cols = left[:, None] + torch.arange(w, device=images.device)  # (N, w)
     samples = torch.arange(n, device=images.device)

@@ -1,0 +1,261 @@
+"""The measurements of `gpu_check.sh`: training steps, chunk timing and a 50-episode image evaluation on CUDA.
+
+    python benchmarks/gpu_check.py [--cpu-fallback] [--junit FILE] [--out results/gpu_check.json]
+
+Sections (each one's failure is recorded in the JSON, the others still run):
+- `train_steps`: one training step of each policy (Diffusion image and keypoints at the paper's size,
+  TD-MPC) in fp32 and under bf16 autocast (`training.use_amp`): the trainers' `TrainStep` on a synthetic
+  batch moved with their `to_device`; median of 3 timed steps after a warm-up, peak memory, and whether the
+  steps made a host sync (`torch.cuda.set_sync_debug_mode("error")` around them).
+- `chunk_timing`: `predict_action_chunk` of the paper-size image Diffusion Policy at batch 1, 8 and 50, fp32
+  and bf16 autocast (`policy.inference.dtype=bfloat16`), the config's own sampler.
+- `eval`: `evaluate` (what training and `scripts/eval.py` run) of that policy, untrained, over 50 PushT
+  image episodes at 50 envs: wall time and env steps per second (its success rate means nothing).
+- `tests`: the pytest summary read from `--junit` (gpu_check.sh runs the suite first).
+
+Without CUDA the JSON says so and the sections are skipped, unless `--cpu-fallback`: then every section runs
+on the CPU with tiny models and short episodes, which checks the script, not the machine.
+"""
+
+from __future__ import annotations
+
+# isort: off
+import lerobot  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads)
+
+# isort: on
+import argparse
+import contextlib
+import statistics
+import tempfile
+import time
+import traceback
+import xml.etree.ElementTree as ET
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from bench_inference import synthetic_stats
+from common import RESULTS_DIR, machine_info
+
+from lerobot.cli import compose_config
+from lerobot.config import env_config
+from lerobot.constants import ACTION_IS_PAD
+from lerobot.policies.diffusion.fast_inference import fast_inference_context
+from lerobot.policies.factory import make_policy, make_policy_config
+from lerobot.training.common import evaluate, write_json
+from lerobot.training.loop import TrainStep, to_device
+
+IMAGE = ["policy=diffusion", "env=pusht"]
+KEYPOINTS = ["policy=diffusion", "env=pusht_keypoints"]
+TDMPC = ["policy=tdmpc", "env=pusht_keypoints"]
+# --cpu-fallback: models and episodes small enough for a 2-core CPU (the tests' tiny configs).
+TINY_DIFFUSION = ["policy.down_dims=[16,32]", "policy.diffusion_step_embed_dim=8", "policy.n_groups=4"]
+TINY_IMAGE = [
+    "env.gym_kwargs.observation_width=8",
+    "env.gym_kwargs.observation_height=8",
+    "env.features={observation.image: {shape: [3, 8, 8]}}",
+    "policy.crop_shape=[6,6]",
+    "policy.spatial_softmax_num_keypoints=4",
+    "policy.num_inference_steps=3",
+    "env.max_episode_steps=10",
+    "eval.use_async_envs=false",
+]
+TINY_TDMPC = ["policy.latent_dim=16", "policy.enc_dim=32", "policy.mlp_dim=32", "policy.n_q=2"]
+BATCHES = (1, 8, 50)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
+    """Median wall seconds of `fn` over `repeats` calls after one warm-up, the device's work included."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+@contextlib.contextmanager
+def _sync_check(device: torch.device, result: dict) -> None:
+    """Record in `result["host_sync"]` whether the code inside made a CUDA host sync (None off CUDA)."""
+    if device.type != "cuda":
+        result["host_sync"] = None
+        yield
+        return
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+        result["host_sync"] = False
+    except RuntimeError as e:
+        result["host_sync"] = str(e).splitlines()[0]
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+def _policy(overrides: list[str], device: torch.device):
+    cfg = compose_config(overrides)
+    policy_cfg = make_policy_config(cfg.policy, env_config(cfg))
+    torch.manual_seed(0)
+    stats = synthetic_stats(policy_cfg) if policy_cfg.name == "diffusion" else None
+    return cfg, policy_cfg, make_policy(policy_cfg, stats).to(device)
+
+
+def _training_batch(policy_cfg, batch_size: int) -> dict[str, torch.Tensor]:
+    """A random batch shaped as the trainers feed `policy_cfg`'s policy, in pinned memory when CUDA is here."""
+    if policy_cfg.name == "tdmpc":
+        steps, horizon = policy_cfg.horizon + 1, policy_cfg.horizon
+    else:
+        steps, horizon = policy_cfg.n_obs_steps, policy_cfg.horizon
+    batch = {k: torch.rand(batch_size, steps, *f.shape) for k, f in policy_cfg.input_features.items()}
+    batch["action"] = torch.rand(batch_size, horizon, policy_cfg.action_dim)
+    if policy_cfg.name == "tdmpc":
+        batch["next.reward"] = torch.rand(batch_size, horizon)
+        batch["next.terminated"] = torch.zeros(batch_size, horizon)
+    else:
+        batch[ACTION_IS_PAD] = torch.zeros(batch_size, horizon, dtype=torch.bool)
+    return {k: v.pin_memory() if torch.cuda.is_available() else v for k, v in batch.items()}
+
+
+def train_steps(device: torch.device, tiny: bool) -> list[dict]:
+    configs = {
+        "diffusion_image": IMAGE + (TINY_DIFFUSION + TINY_IMAGE if tiny else []),
+        "diffusion_keypoints": KEYPOINTS + (TINY_DIFFUSION if tiny else []),
+        "tdmpc": TDMPC + (TINY_TDMPC if tiny else []),
+    }
+    return [
+        row
+        for name, overrides in configs.items()
+        for row in _policy_train_steps(name, overrides, device, tiny)
+    ]
+
+
+def _policy_train_steps(name: str, overrides: list[str], device: torch.device, tiny: bool) -> list[dict]:
+    """fp32 and bf16 autocast rows of one policy's training step."""
+    cfg, policy_cfg, policy = _policy(overrides, device)
+    batch_size = 8 if tiny else policy_cfg.batch_size
+    update = TrainStep(policy.train(), policy_cfg, cfg.training, total_updates=100)
+    batch = _training_batch(policy_cfg, batch_size)
+
+    def step() -> None:
+        update(to_device(batch, device), where="check")
+        if policy_cfg.name == "tdmpc":
+            policy.update_target()
+
+    rows = []
+    for amp in (False, True):
+        update.use_amp = amp
+        row = {"policy": name, "dtype": "bf16 autocast" if amp else "fp32", "batch": batch_size}
+        step()  # warm-up: lazy initialisation (cuDNN plans, the statistics check) may sync once
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        with _sync_check(device, row):
+            for _ in range(3):
+                step()
+        row["loss"] = update.metrics.pop()["loss"]
+        row["ms_per_step"] = 1e3 * _timed(step, device, repeats=3)
+        if device.type == "cuda":
+            row["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+        row["params_m"] = sum(p.numel() for p in policy.parameters()) / 1e6
+        rows.append(row)
+        print(row, flush=True)
+    return rows
+
+
+def chunk_timing(device: torch.device, tiny: bool) -> list[dict]:
+    _, policy_cfg, policy = _policy(IMAGE + (TINY_DIFFUSION + TINY_IMAGE if tiny else []), device)
+    policy.eval()
+    rows = []
+    for dtype in ("float32", "bfloat16"):
+        policy.config.inference.dtype = dtype
+        with fast_inference_context(policy):
+            for batch_size in BATCHES:
+                obs = {
+                    k: torch.rand(batch_size, policy_cfg.n_obs_steps, *f.shape, device=device)
+                    for k, f in policy_cfg.input_features.items()
+                }
+                seconds = _timed(lambda obs=obs: policy.predict_action_chunk(obs), device, repeats=3)
+                row = {
+                    "dtype": dtype,
+                    "batch": batch_size,
+                    "ms_per_chunk": 1e3 * seconds,
+                    "sampler": f"{policy_cfg.inference_scheduler} x {policy_cfg.num_inference_steps or policy_cfg.num_train_timesteps}",
+                }
+                rows.append(row)
+                print(row, flush=True)
+    return rows
+
+
+def image_eval(device: torch.device, tiny: bool) -> dict:
+    overrides = IMAGE + (TINY_DIFFUSION + TINY_IMAGE if tiny else [])
+    overrides += ["eval.n_episodes=50", "eval.batch_size=50", "eval.max_episodes_rendered=0"]
+    cfg, _, policy = _policy(overrides, device)
+    with tempfile.TemporaryDirectory() as out:
+        t0 = time.perf_counter()
+        info = evaluate(cfg, policy, Path(out))
+        wall = time.perf_counter() - t0
+    agg = info["aggregated"]
+    steps = sum(e["n_steps"] for e in info["per_episode"])
+    result = {"episodes": len(info["per_episode"]), "env_steps": steps, "wall_s": wall}
+    result.update(env_steps_per_s=steps / wall, pc_success_untrained=agg["pc_success"])
+    print(result, flush=True)
+    return result
+
+
+def pytest_summary(junit: Path) -> dict:
+    """Counts and failing test ids from a JUnit XML file written by pytest."""
+    if not junit.is_file():
+        return {"status": "not run (no JUnit file)"}
+    suite = ET.parse(junit).getroot()
+    suite = suite.find("testsuite") if suite.tag == "testsuites" else suite
+    failed = [
+        f"{case.get('classname')}::{case.get('name')}"
+        for case in suite.iter("testcase")
+        if case.find("failure") is not None or case.find("error") is not None
+    ]
+    counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
+    return {**counts, "time_s": float(suite.get("time", 0.0)), "failed": failed}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--cpu-fallback", action="store_true", help="without CUDA, run tiny versions on the CPU"
+    )
+    parser.add_argument("--junit", type=Path, help="pytest's JUnit XML of the test suite run")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR / "gpu_check.json")
+    args = parser.parse_args()
+    t0 = time.perf_counter()
+    cuda = torch.cuda.is_available()
+    result: dict = {"machine": machine_info(), "cuda_available": cuda}
+    if cuda:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # as `resolve_device`
+    result["mode"] = (
+        "cuda" if cuda else "cpu-fallback" if args.cpu_fallback else "skipped: CUDA is not available"
+    )
+    sections: dict = {"tests": pytest_summary(args.junit) if args.junit else {"status": "not run"}}
+    failed = bool(sections["tests"].get("failures") or sections["tests"].get("errors"))
+    if cuda or args.cpu_fallback:
+        device = torch.device("cuda" if cuda else "cpu")
+        tiny = not cuda
+        for name, fn in (("train_steps", train_steps), ("chunk_timing", chunk_timing), ("eval", image_eval)):
+            try:
+                sections[name] = fn(device, tiny)
+            except Exception:  # noqa: BLE001 - a failing section is reported, the others still run
+                sections[name] = {"status": "failed", "error": traceback.format_exc(limit=3)}
+                failed = True
+    result["sections"] = sections
+    result["wall_s"] = time.perf_counter() - t0
+    write_json(args.out, result)
+    print(f"wrote {args.out}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

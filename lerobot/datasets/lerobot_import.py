@@ -1,0 +1,366 @@
+"""Import a LeRobotDataset (v3.0 or v2.1, local or from the Hugging Face hub) into the project's format.
+
+`dataset.format=lerobot` (implied by `dataset.repo_id=...`): `prepare_lerobot` finds the dataset directory,
+converts it once into `<cache>/lerobot_datasets/<repo_id>/v1/` (the memory-mapped format of
+`lerobot.datasets.format`, as the PushT zarr importer does) and returns that directory. Training then reads
+numpy arrays: no video is decoded while training.
+
+Where the LeRobotDataset comes from (first match wins):
+
+1. `dataset.root`: the dataset directory itself (holds `meta/info.json`). Set but without it is an error.
+2. `$HF_LEROBOT_HOME/<repo_id>` (default `~/.cache/huggingface/lerobot/<repo_id>`): where LeRobot keeps
+   datasets it records or that are put there by hand.
+3. The huggingface_hub cache: `snapshot_download(repo_id, repo_type="dataset", revision=dataset.revision)`,
+   first offline, then downloading. Offline with nothing cached is one `DatasetNotFoundError` line naming
+   the repo and the directory to put it in.
+
+Conversion, per episode: the parquet rows give the numeric features; the frame of each row is decoded from
+the mp4 at `from_timestamp + timestamp` (v2.1: `timestamp`) within LeRobot's `tolerance_s` = 1e-4 s. Row
+timestamps must be `frame_index / fps` within the same tolerance (the windows of `delta_timestamps` count
+frames). Statistics are computed from the imported data exactly as for the zarr (per-episode sums), and the
+dataset's own min/max (`stats.json`, or `episodes_stats.jsonl` for v2.1) must agree with the data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from safetensors.numpy import save_file
+
+from lerobot.config import ConfigError, DatasetConfig
+from lerobot.constants import ACTION, ACTION_KIND, ENV_STATE, OBS_ENV_STATE, OBS_STATE, STATE, VISUAL
+from lerobot.datasets.format import (
+    EPISODE_INDEX,
+    EPISODE_STATS_FILE,
+    FORMAT_VERSION,
+    FRAME_INDEX,
+    META_FILE,
+    STATS_FILE,
+    TIMESTAMP,
+    DatasetError,
+    DatasetNotFoundError,
+    check_free_space,
+    combine_stats,
+    feature_file,
+    open_preallocated_memmap,
+    out_of_space_error,
+    stack_episode_stats,
+    sufficient_stats,
+    uint8_channel_stats,
+    write_json_atomic,
+)
+from lerobot.datasets.lerobot_format import (
+    INFO_PATH,
+    LEGACY_EPISODES_STATS_PATH,
+    STATS_PATH,
+    TOLERANCE_S,
+    V30,
+    LeRobotSource,
+    column_to_numpy,
+    decode_video_into,
+    iter_episode_tables,
+    open_lerobot_dataset,
+)
+from lerobot.datasets.pusht_import import (
+    _install,
+    _is_current,
+    _is_intact,
+    _remove_stale_temps,
+    default_cache_dir,
+)
+
+log = logging.getLogger(__name__)
+
+LEROBOT_FORMAT = "lerobot"
+# The hub revision LeRobot 0.4-0.6 loads (datasets are tagged with their codebase version).
+DEFAULT_REVISION = "v3.0"
+CONVERTED_NAME = f"v{FORMAT_VERSION}"
+# Part of the fingerprint: bumped when the conversion's output changes, so existing imports are rebuilt.
+CONVERTER_REVISION = 1
+# Batch-key kinds of LeRobot's standard feature names (`observation.images.*` and videos are visual).
+KINDS = {OBS_STATE: STATE, OBS_ENV_STATE: ENV_STATE, ACTION: ACTION_KIND}
+
+
+def lerobot_home() -> Path:
+    """LeRobot's local dataset directory: `$HF_LEROBOT_HOME`, else `$HF_HOME/lerobot` (`~/.cache/huggingface/lerobot`)."""
+    if os.environ.get("HF_LEROBOT_HOME"):
+        return Path(os.environ["HF_LEROBOT_HOME"]).expanduser()
+    from huggingface_hub import constants
+
+    return Path(constants.HF_HOME) / "lerobot"
+
+
+def find_lerobot_source(dataset_cfg: DatasetConfig) -> Path:
+    """The directory of the LeRobotDataset `dataset_cfg` names (see the module docstring for the order).
+
+    Raises:
+        ConfigError: neither `dataset.root` nor `dataset.repo_id` is set.
+        DatasetNotFoundError: `dataset.root` holds no dataset, or it is neither local nor downloadable.
+    """
+    if dataset_cfg.root:
+        root = Path(dataset_cfg.root).expanduser()
+        if (root / INFO_PATH).is_file():
+            return root
+        raise DatasetNotFoundError(
+            f"dataset.root={dataset_cfg.root}: no {INFO_PATH}; point dataset.root at the LeRobotDataset directory "
+            "(the one holding meta/, data/, videos/)"
+        )
+    repo_id = dataset_cfg.repo_id
+    if not repo_id:
+        raise ConfigError(
+            "dataset.format=lerobot needs dataset.repo_id (e.g. lerobot/pusht) or dataset.root=DIR"
+        )
+    local = lerobot_home() / repo_id
+    if (local / INFO_PATH).is_file():
+        return local
+    return _hub_snapshot(repo_id, dataset_cfg.revision or DEFAULT_REVISION, local)
+
+
+def _hub_snapshot(repo_id: str, revision: str, local: Path) -> Path:
+    """The hub snapshot of `repo_id` at `revision`: from the huggingface_hub cache, else downloaded."""
+    from huggingface_hub import constants, snapshot_download
+
+    try:
+        return Path(snapshot_download(repo_id, repo_type="dataset", revision=revision, local_files_only=True))
+    except Exception:  # not cached (huggingface_hub raises several types for that)
+        pass
+    try:
+        path = Path(snapshot_download(repo_id, repo_type="dataset", revision=revision))
+    except Exception as e:  # offline, unknown repo or revision, HTTP errors: all mean "not available"
+        reason = (str(e).splitlines() or [""])[0].split(". ")[0][:200]
+        raise DatasetNotFoundError(
+            f"LeRobotDataset {repo_id} (revision {revision}) is not in the hub cache {constants.HF_HUB_CACHE} and "
+            f"could not be downloaded ({type(e).__name__}: {reason}); put the dataset directory at {local} "
+            "or set dataset.root=DIR to a directory holding meta/info.json"
+        ) from None
+    if not (path / INFO_PATH).is_file():
+        raise DatasetNotFoundError(
+            f"hub dataset {repo_id}@{revision}: no {INFO_PATH}; it is not a LeRobotDataset"
+        )
+    return path
+
+
+def converted_dir(dataset_cfg: DatasetConfig, source: Path) -> Path:
+    """`<cache>/lerobot_datasets/<repo_id>/v1`; a `dataset.root` without a repo_id is keyed by its path."""
+    name = dataset_cfg.repo_id or f"local/{hashlib.sha256(str(source.resolve()).encode()).hexdigest()[:16]}"
+    return default_cache_dir(dataset_cfg) / "lerobot_datasets" / name / CONVERTED_NAME
+
+
+def prepare_lerobot(dataset_cfg: DatasetConfig) -> Path:
+    """The importer of `dataset.format=lerobot`: find the LeRobotDataset, convert it once, return the result."""
+    source = find_lerobot_source(dataset_cfg)
+    return convert_lerobot_dataset(source, converted_dir(dataset_cfg, source), name=dataset_cfg.repo_id)
+
+
+def source_fingerprint(source: LeRobotSource) -> str:
+    """sha256 of the converter revision, the metadata and parquet files (content) and the videos (name, size).
+
+    Videos are identified by path and size only: hashing gigabytes of video on every start is not worth it.
+    """
+    digest = hashlib.sha256(f"lerobot-v{FORMAT_VERSION}-r{CONVERTER_REVISION}".encode())
+    root = source.root
+    files = sorted(p for p in (root / "meta").rglob("*") if p.is_file())
+    files += sorted({ep.data_path for ep in source.episodes})
+    for path in files:
+        digest.update(str(path.relative_to(root)).encode())
+        # A missing file is named by the conversion (one line), not here.
+        digest.update(path.read_bytes() if path.is_file() else b"missing")
+    for path in sorted({v.path for ep in source.episodes for v in ep.videos.values()}):
+        size = path.stat().st_size if path.is_file() else -1
+        digest.update(f"{path.relative_to(root)}:{size}".encode())
+    return digest.hexdigest()
+
+
+def convert_lerobot_dataset(
+    source_dir: Path | str, out_dir: Path | str, name: str | None = None, force: bool = False
+) -> Path:
+    """Convert the LeRobotDataset at `source_dir` into the project's format at `out_dir`; return `out_dir`.
+
+    Idempotent (same fingerprint: nothing to do unless `force`) and atomic (written beside `out_dir`, renamed
+    into place), like the PushT zarr conversion.
+
+    Raises:
+        DatasetError: anything malformed, named in one line (see `lerobot.datasets.lerobot_format`).
+    """
+    out_dir = Path(out_dir)
+    source = open_lerobot_dataset(source_dir)
+    fingerprint = source_fingerprint(source)
+    current = _is_current(out_dir, fingerprint)
+    if current and not force and _is_intact(out_dir):
+        return out_dir
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_temps(out_dir.parent, out_dir.name)
+    needed = converted_bytes(source)
+    check_free_space(out_dir.parent, needed)
+    tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        tmp.mkdir()
+        t0 = time.perf_counter()
+        _write_converted(source, tmp, fingerprint, name or source.root.name)
+        seconds = time.perf_counter() - t0
+        _install(tmp, out_dir, fingerprint, replace_current=current)
+    except OSError as e:
+        if (error := out_of_space_error(e, out_dir.parent, needed)) is not None:
+            raise error from None
+        raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    log.info("imported %s -> %s in %.1f s", source.root, out_dir, seconds)
+    return out_dir
+
+
+def converted_bytes(source: LeRobotSource) -> int:
+    """Bytes the import writes: uint8 frames of the video features plus 8 bytes per number per frame (a bound)."""
+    per_frame = sum(3 * int(np.prod(source.frame_shape(k))) for k in source.video_keys)
+    per_frame += 8 * sum(max(1, int(np.prod(source.features[k]["shape"]))) for k in source.numeric_keys) + 24
+    return source.num_frames * per_frame
+
+
+def _our_shape(source: LeRobotSource, key: str) -> tuple[int, ...]:
+    """The per-frame shape in the project's format: images (3, H, W), scalars (), vectors (d,)."""
+    if key in source.video_keys:
+        return (3, *source.frame_shape(key))
+    shape = tuple(int(s) for s in source.features[key]["shape"])
+    return () if shape == (1,) else shape
+
+
+def _write_converted(source: LeRobotSource, out: Path, fingerprint: str, name: str) -> None:
+    """Write the numeric arrays, the decoded frames, the statistics and (last) `meta.json` into `out`."""
+    fps, numeric, videos = source.fps, source.numeric_keys, source.video_keys
+    lengths = np.array([ep.length for ep in source.episodes], dtype=np.int64)
+    ends = np.cumsum(lengths)
+    starts = ends - lengths
+    num_frames = int(ends[-1])
+    shapes = {k: _our_shape(source, k) for k in [*numeric, *videos]}
+
+    values: dict[str, list[np.ndarray]] = {k: [] for k in numeric}
+    timestamps = np.empty(num_frames, dtype=np.float64)
+    frame_index = np.empty(num_frames, dtype=np.int64)
+    for ep, table in iter_episode_tables(source, [*numeric, "timestamp", "frame_index"]):
+        lo, hi = int(starts[ep.index]), int(ends[ep.index])
+        path = ep.data_path
+        frames = column_to_numpy(table, "frame_index", (), path).astype(np.int64)
+        ts = column_to_numpy(table, "timestamp", (), path).astype(np.float64)
+        if not np.array_equal(frames, np.arange(ep.length)):
+            raise DatasetError(f"{path}: episode {ep.index}: frame_index is not 0..{ep.length - 1} in order")
+        off = np.abs(ts - frames / fps)
+        if off.max(initial=0.0) > TOLERANCE_S:
+            bad = int(np.argmax(off))
+            raise DatasetError(
+                f"{path}: episode {ep.index} frame {bad}: timestamp {ts[bad]:.6f} s is not frame_index / fps = "
+                f"{bad / fps:.6f} s (tolerance {TOLERANCE_S:g} s); the recording is not at a constant {fps} fps"
+            )
+        timestamps[lo:hi], frame_index[lo:hi] = ts, frames
+        for key in numeric:
+            values[key].append(
+                column_to_numpy(table, key, shapes[key] or (1,), path).reshape(ep.length, *shapes[key])
+            )
+
+    arrays = {k: np.concatenate(v) for k, v in values.items()}
+    for key, arr in arrays.items():
+        if arr.dtype.kind == "f" and not np.all(np.isfinite(arr)):
+            raise DatasetError(f"{source.root}: feature {key!r} holds NaN or infinite values")
+        if arr.dtype == np.float64:
+            arrays[key] = arr.astype(np.float32)
+        np.save(feature_file(out, key), arrays[key])
+    episode_index = np.repeat(np.arange(len(lengths)), lengths).astype(np.int64)
+    np.save(feature_file(out, EPISODE_INDEX), episode_index)
+    np.save(feature_file(out, FRAME_INDEX), frame_index)
+    np.save(feature_file(out, TIMESTAMP), timestamps.astype(np.float32))
+
+    per_episode: dict[str, list[dict[str, np.ndarray]]] = {
+        k: [sufficient_stats(a[s:e]) for s, e in zip(starts, ends)] for k, a in arrays.items()
+    }
+    for key in videos:
+        images = _decode_feature(source, key, out, timestamps, starts, num_frames, shapes[key])
+        per_episode[key] = [uint8_channel_stats(images[s:e]) for s, e in zip(starts, ends)]
+        del images
+    stacked = {k: stack_episode_stats(v) for k, v in per_episode.items()}
+    everything = np.arange(len(lengths))
+    combined = {k: combine_stats(st, everything) for k, st in stacked.items()}
+    _check_against_source_stats(source, combined, arrays)
+    save_file({f"{k}/{n}": a for k, st in stacked.items() for n, a in st.items()}, out / EPISODE_STATS_FILE)
+    write_json_atomic(
+        out / STATS_FILE, {k: {n: v.tolist() for n, v in st.items()} for k, st in combined.items()}
+    )
+
+    features: dict[str, dict[str, Any]] = {
+        k: {"shape": list(shapes[k]), "dtype": "uint8", "kind": VISUAL} for k in videos
+    }
+    for key, arr in arrays.items():
+        features[key] = {"shape": list(shapes[key]), "dtype": str(arr.dtype), "kind": KINDS.get(key, "other")}
+    for key, arr in ((EPISODE_INDEX, episode_index), (FRAME_INDEX, frame_index), (TIMESTAMP, timestamps)):
+        features[key] = {
+            "shape": [],
+            "dtype": "float32" if key == TIMESTAMP else str(arr.dtype),
+            "kind": "other",
+        }
+    meta = {
+        "format_version": FORMAT_VERSION,
+        "name": name,
+        "fps": fps,
+        "num_frames": num_frames,
+        "num_episodes": len(lengths),
+        "episode_ends": ends.tolist(),
+        "features": features,
+        "source": {
+            "format": LEROBOT_FORMAT,
+            "path": str(source.root),
+            "codebase_version": source.version,
+            "fingerprint": fingerprint,
+        },
+    }
+    write_json_atomic(out / META_FILE, meta)
+
+
+def _decode_feature(
+    source: LeRobotSource,
+    key: str,
+    out: Path,
+    timestamps: np.ndarray,
+    starts: np.ndarray,
+    num_frames: int,
+    shape: tuple[int, ...],
+) -> np.ndarray:
+    """Decode every frame of video feature `key` into `<key>.npy` (N, 3, H, W) uint8, one pass per mp4."""
+    dest = open_preallocated_memmap(feature_file(out, key), np.uint8, (num_frames, *shape))
+    by_file: dict[Path, list[tuple[np.ndarray, np.ndarray]]] = {}
+    for ep in source.episodes:
+        ref = ep.videos[key]
+        rows = np.arange(starts[ep.index], starts[ep.index] + ep.length)
+        by_file.setdefault(ref.path, []).append((ref.from_timestamp + timestamps[rows], rows))
+    for path, parts in by_file.items():
+        decode_video_into(
+            path, np.concatenate([t for t, _ in parts]), dest, np.concatenate([r for _, r in parts])
+        )
+    dest.flush()
+    return dest
+
+
+def _check_against_source_stats(
+    source: LeRobotSource, combined: dict[str, dict[str, np.ndarray]], arrays: dict[str, np.ndarray]
+) -> None:
+    """The dataset's stored min/max of each non-boolean numeric feature must match the data (they are exact)."""
+    stats_file = source.root / (STATS_PATH if source.version == V30 else LEGACY_EPISODES_STATS_PATH)
+    for key, arr in arrays.items():
+        if arr.dtype == np.bool_:
+            continue
+        stored = source.stats.get(key)
+        if stored is None or "min" not in stored or "max" not in stored:
+            raise DatasetError(f"{stats_file}: no min/max for feature {key!r}; the statistics are incomplete")
+        for name in ("min", "max"):
+            want, got = np.asarray(stored[name]).reshape(-1), np.asarray(combined[key][name]).reshape(-1)
+            scale = np.maximum(np.abs(got), 1.0)
+            if want.shape != got.shape or np.any(np.abs(want - got) > 1e-5 * scale):
+                raise DatasetError(
+                    f"{stats_file}: {key} {name} is {want.tolist()[:4]} but the data gives {got.tolist()[:4]}; "
+                    "the statistics and the data files do not belong together (copy or download it again)"
+                )
