@@ -253,7 +253,8 @@ class Due:
 class TrainingLoop:
     """Progress of a training run from `start` to `training.steps`, its progress bar and its metrics log.
 
-    A context manager: leaving it closes the progress bar and the logger (final curves, wandb). Inside it, stop signals are recorded rather than fatal (`stop_requested`).
+    A context manager: leaving it closes the progress bar and the logger (final curves, wandb). Inside it,
+    stop signals are recorded rather than fatal (`stop_requested`).
     """
 
     def __init__(
