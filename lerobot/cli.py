@@ -51,6 +51,10 @@ def compose_train_config(overrides: list[str], search_path: Sequence[str | Path]
     (`outputs/train/<date>/<time>_<env>_<policy>` unless overridden), as Hydra users expect."""
     cfg, run_dir = _compose(overrides, CONFIG_DIR, search_path)
     if cfg.output_dir is None:
+        # The default run dir is new at every launch (it holds the time), so it has nothing to resume.
+        named = any(o.startswith("hydra.run.dir=") for o in overrides)
+        if not named and str(OmegaConf.select(cfg, "training.resume")).lower() == "true":
+            raise ConfigError("training.resume=true needs output_dir=<run directory of the run to resume>")
         cfg.output_dir = run_dir
     return validate_config(cfg)
 
@@ -136,11 +140,13 @@ def _expected_errors() -> tuple[type[BaseException], ...]:
     from lerobot.rollout import NonFiniteActionError
     from lerobot.training.checkpoint import CheckpointError
     from lerobot.training.common import TrainingDivergedError
+    from lerobot.training.run_dir import RunDirError
 
     errors: list[type[BaseException]] = [
         ConfigError,
         PretrainedError,
         CheckpointError,
+        RunDirError,
         EnvWorkerError,
         NonFiniteActionError,
         TrainingDivergedError,
@@ -164,12 +170,19 @@ def _run(main, argv: list[str] | None) -> int:
         format="%(asctime)s %(levelname)s %(message)s",
         datefmt="%H:%M:%S",
     )
+    from lerobot.training.stop import EXIT_CODES, StopAborted
+
     try:
         return main(argv)
     except _expected_errors() as e:
         if distributed.is_main():
             print(f"error: {e}", file=sys.stderr)
         return 2
+    except StopAborted as e:
+        print(
+            f"stopped by {e} without saving (a later relaunch resumes from checkpoints/last)", file=sys.stderr
+        )
+        return EXIT_CODES[e.signum]
     except Exception as e:
         from lerobot.training.checkpoint import no_space_error
 
@@ -213,8 +226,19 @@ def _train(argv: list[str] | None) -> int:
         return run_sweep(args.overrides, search_path=args.config_dir)
     cfg = compose_train_config(args.overrides, search_path=args.config_dir)
     from lerobot.training import distributed, train
+    from lerobot.training.checkpoint import latest_checkpoint
+    from lerobot.training.stop import EXIT_CODES, stop_on_signals
 
-    run_dir = train(cfg)
+    with stop_on_signals() as stop:
+        run_dir = train(cfg)
+    if stop.stopped_at is not None:
+        if distributed.is_main():
+            print(
+                f"stopped by {stop.name} at step {stop.stopped_at}, checkpoint {latest_checkpoint(run_dir)}; "
+                "run the same command again to resume",
+                file=sys.stderr,
+            )
+        return EXIT_CODES[stop.signum]
     if distributed.is_main():
         print(f"run directory: {run_dir}")
     return 0

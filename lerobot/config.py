@@ -111,8 +111,10 @@ class TrainingConfig:
     num_workers: int = 2
     log_freq: int = 100
     save_freq: int = 10_000
-    # Continue the run in `output_dir` from its last checkpoint (weights, optimizer, data order, RNG).
-    resume: bool = False
+    # auto | true | false. auto: continue the run in `output_dir` from its last checkpoint (weights,
+    # optimizer, data order, RNG) when it holds one, else start fresh; true: it must hold one; false: it
+    # must not (docs/training_runs.md). A resumed run must have the same config, bar RESUMABLE_CHANGES.
+    resume: str = "auto"
     # bf16 autocast for the forward/backward pass (CUDA, or a CPU with AMX); the one mixed-precision switch.
     use_amp: bool = False
     grad_clip_norm: float = 10.0
@@ -206,17 +208,7 @@ def validate_config(cfg: DictConfig | dict) -> DictConfig:
     if not merged.env.observation_keys:
         merged.env.observation_keys = _observation_keys_of_env_yaml(merged.env.name)
     _check_observation_keys(env_config(merged))
-    checks = {
-        "eval.n_episodes": merged.eval.n_episodes > 0,
-        "eval.batch_size": merged.eval.batch_size > 0,
-        "training.steps": merged.training.steps >= 0,
-        "training.n_envs": merged.training.n_envs > 0,
-        "training.train_freq": merged.training.train_freq > 0,
-        "env.max_episode_steps": merged.env.max_episode_steps > 0,
-    }
-    for key, ok in checks.items():
-        if not ok:
-            raise ConfigError(f"{key}={OmegaConf.select(merged, key)} must be a positive number")
+    _check_positive(merged)
     if merged.eval.step_timeout_s is not None and merged.eval.step_timeout_s <= 0:
         raise ConfigError(
             f"eval.step_timeout_s={merged.eval.step_timeout_s} must be a positive number or null"
@@ -225,8 +217,11 @@ def validate_config(cfg: DictConfig | dict) -> DictConfig:
         raise ConfigError(
             f"eval.schedule={merged.eval.schedule!r}: expected one of {', '.join(EVAL_SCHEDULES)}"
         )
-    if str(merged.eval.use_async_envs).lower() not in ("auto", "true", "false"):
-        raise ConfigError(f"eval.use_async_envs={merged.eval.use_async_envs!r}: expected auto, true or false")
+    for key in ("eval.use_async_envs", "training.resume"):
+        value = str(OmegaConf.select(merged, key)).lower()
+        if value not in ("auto", "true", "false"):
+            raise ConfigError(f"{key}={value!r}: expected auto, true or false")
+        OmegaConf.update(merged, key, value)
     if not DEVICE_PATTERN.fullmatch(str(merged.device)):
         raise ConfigError(f"device={merged.device!r}: expected auto, cpu, cuda, cuda:N or mps")
     if merged.policy:
@@ -235,6 +230,38 @@ def validate_config(cfg: DictConfig | dict) -> DictConfig:
 
         merged.policy = resolved_policy_section(merged.policy, env_config(merged))
     return merged
+
+
+# Keys that must be positive, and those that may also be 0 (what 0 means is in the field's comment).
+POSITIVE_KEYS = (
+    "eval.n_episodes",
+    "eval.batch_size",
+    "training.steps",
+    "training.log_freq",
+    "training.save_freq",
+    "training.n_envs",
+    "training.train_freq",
+    "training.buffer_capacity",
+    "training.grad_clip_norm",
+    "env.max_episode_steps",
+)
+NON_NEGATIVE_KEYS = ("training.num_workers", "eval.freq", "eval.max_episodes_rendered")
+
+
+def _check_positive(cfg: DictConfig) -> None:
+    """Counts, periods and sizes are checked before any work starts: a zero or negative one would either
+    crash deep inside training or silently mean something else (batch_size=0 read as "the default")."""
+    for key in POSITIVE_KEYS:
+        if not OmegaConf.select(cfg, key) > 0:
+            raise ConfigError(f"{key}={OmegaConf.select(cfg, key)} must be a positive number")
+    for key in NON_NEGATIVE_KEYS:
+        if OmegaConf.select(cfg, key) < 0:
+            raise ConfigError(f"{key}={OmegaConf.select(cfg, key)} must be 0 or a positive number")
+    batch_size = cfg.training.batch_size
+    if batch_size is not None and batch_size < 1:
+        raise ConfigError(
+            f"training.batch_size={batch_size} must be a positive number (or null for the policy's default)"
+        )
 
 
 def _check_observation_keys(env: EnvConfig) -> None:

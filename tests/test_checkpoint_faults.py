@@ -24,7 +24,7 @@ from test_train import TINY, TINY_IMAGE, data_args  # noqa: F401 (data_args: a p
 
 import lerobot.training.checkpoint as checkpoint
 from lerobot.cli import compose_config, eval_main, train_main
-from lerobot.config import ConfigError, env_config
+from lerobot.config import env_config
 from lerobot.policies.factory import make_policy, make_policy_config
 from lerobot.policies.policy import Policy
 from lerobot.training.checkpoint import (
@@ -38,6 +38,7 @@ from lerobot.training.checkpoint import (
     save_checkpoint,
 )
 from lerobot.training.common import setup_run
+from lerobot.training.run_dir import RunDirError
 
 REPO = Path(__file__).resolve().parents[1]
 KEYPOINTS = [*TINY, "env=pusht_keypoints"]
@@ -143,10 +144,10 @@ def test_dangling_last_resumes_from_the_newest_complete_and_refuses_a_fresh_run(
     checkpoint_dir(run, 2).rmdir()
     assert latest_checkpoint(run) == checkpoint_dir(run, 1)
     assert setup_run(run_cfg(run, resume=True))[1] == checkpoint_dir(run, 1)
-    with pytest.raises(ConfigError, match="already holds checkpoints"):
+    with pytest.raises(RunDirError, match="already holds checkpoints"):
         setup_run(run_cfg(run, resume=False))
-    assert train_main([*KEYPOINTS, f"output_dir={run}"]) == 2
-    assert "training.resume=true" in one_line_error(capsys)
+    assert train_main([*KEYPOINTS, f"output_dir={run}", "training.resume=false"]) == 2
+    assert "training.resume=auto" in one_line_error(capsys)
     assert (checkpoint_dir(run, 1) / MODEL_FILE).read_bytes() == before
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 from pathlib import Path
 
@@ -77,14 +78,20 @@ def _worker(rank: int, port: int, jobs: list[tuple[str, list[str]]], out: str) -
     dist.init_process_group("gloo", init_method="env://", timeout=dt.timedelta(seconds=120))
     spreads: list[float] = []
     real_call = TrainStep.__call__
+    stop_after: list[int] = []  # a "train_sigterm" job: process 1 gets SIGTERM after its 2nd update
 
     def checked(self, batch, where):
         output = real_call(self, batch, where)
         spreads.append(_spread(self))
+        if stop_after and len(spreads) == stop_after[0]:
+            os.kill(os.getpid(), signal.SIGTERM)
         return output
 
     TrainStep.__call__ = checked
-    codes = [(train_main if kind == "train" else eval_main)(args) for kind, args in jobs]
+    codes = []
+    for kind, args in jobs:
+        stop_after[:] = [len(spreads) + 2] if kind == "train_sigterm" and rank == 1 else []
+        codes.append((eval_main if kind == "eval" else train_main)(args))
     Path(out, f"rank{rank}.json").write_text(json.dumps({"codes": codes, "spreads": spreads}))
     dist.destroy_process_group()
 
@@ -119,6 +126,7 @@ def runs(tmp_path_factory) -> Path:
         ("train", [*IMAGES, *data, f"output_dir={base / 'img2'}"]),
         ("train", [*kp, f"output_dir={base / 'kp1to2'}", "training.resume=true"]),
         ("eval", [*EVAL, "--output-dir", str(base / "eval2")]),
+        ("train_sigterm", [*kp, f"output_dir={base / 'kpstop'}"]),
     ]
     mp.start_processes(_worker, args=(_free_port(), jobs, str(base)), nprocs=WORLD, start_method="spawn")
 
@@ -141,9 +149,9 @@ def _max_rel(a: list[float], b: list[float]) -> float:
 def test_every_process_finishes_with_identical_weights_after_every_step(runs):
     for rank in range(WORLD):
         report = json.loads((runs / f"rank{rank}.json").read_text())
-        assert report["codes"] == [0, 0, 0, 0]
-        # 6 + 3 + 3 updates; DDP hands every process the same averaged gradient: bitwise-equal weights.
-        assert len(report["spreads"]) == 12
+        assert report["codes"] == [0, 0, 0, 0, 0]
+        # 6 + 3 + 3 + 2 updates; DDP hands every process the same averaged gradient: bitwise-equal weights.
+        assert len(report["spreads"]) == 14
         assert max(report["spreads"]) == 0.0
 
 
@@ -176,6 +184,12 @@ def test_resume_across_process_counts_is_exact(runs):
     for run in ("kp1to2", "kp2to1"):
         assert [r["step"] for r in metrics(runs / run)] == [1, 2, 3, 4, 5, 6]
         assert _max_rel(reference, _losses(runs / run)) < LOSS_RTOL
+
+
+def test_a_stop_signal_to_one_process_stops_all_at_the_same_step(runs):
+    # Process 1 alone got SIGTERM after step 2: both stopped there, and process 0 saved the checkpoint.
+    assert (runs / "kpstop/checkpoints/last").resolve().name == "000000002"
+    assert [r["step"] for r in metrics(runs / "kpstop")] == [1, 2]
 
 
 def test_sharded_evaluation_merges_into_the_one_process_results(runs):

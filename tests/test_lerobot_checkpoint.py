@@ -235,8 +235,9 @@ def test_unsupported_lerobot_checkpoints_are_refused_in_one_line(tmp_path, fixtu
 
 def test_eval_script_runs_a_lerobot_checkpoint(tmp_path):
     out = tmp_path / "eval"
-    cmd = [sys.executable, str(REPO / "scripts" / "eval.py"), "--checkpoint", str(KEYPOINTS)]
-    cmd += ["env=pusht_keypoints", "eval.n_episodes=2", "eval.batch_size=2", "eval.use_async_envs=false"]
+    # Overrides on both sides of the flags, as Hydra users type them.
+    cmd = [sys.executable, str(REPO / "scripts" / "eval.py"), "env=pusht_keypoints", "eval.n_episodes=2"]
+    cmd += ["--checkpoint", str(KEYPOINTS), "eval.batch_size=2", "eval.use_async_envs=false"]
     cmd += ["env.max_episode_steps=20", "eval.max_episodes_rendered=0", "--output-dir", str(out)]
     result = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert result.returncode == 0, result.stderr

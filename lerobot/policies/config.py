@@ -51,6 +51,8 @@ class PolicyConfig:
             raise ConfigError(f"policy {self.name!r} has no output (action) feature")
         if self.batch_size < 1:
             raise ConfigError(f"policy.batch_size={self.batch_size} must be >= 1")
+        if not self.optimizer_lr > 0:
+            raise ConfigError(f"policy.optimizer_lr={self.optimizer_lr} must be a positive number")
 
     @property
     def action_dim(self) -> int:

@@ -10,22 +10,30 @@ from lerobot.config import ConfigError, env_config
 from lerobot.policies.config import OFFLINE, ONLINE
 from lerobot.policies.factory import make_policy_config
 from lerobot.training import distributed
+from lerobot.training.run_dir import release_run_dir
 
 
 def train(cfg: DictConfig) -> Path:
-    """Train the configured policy (offline or online by its `training_mode`); return the run directory."""
-    policy_cfg = make_policy_config(cfg.policy, env_config(cfg))
-    if policy_cfg.training_mode == OFFLINE:
-        from lerobot.training.offline import train_offline
+    """Train the configured policy (offline or online by its `training_mode`); return the run directory.
 
-        return train_offline(cfg)
-    if policy_cfg.training_mode == ONLINE:
-        if distributed.world_size() > 1:
-            raise ConfigError(
-                f"policy {policy_cfg.name!r} learns online and trains on one process only, but "
-                f"{distributed.world_size()} were launched; run it without torchrun (or with --nproc_per_node 1)"
-            )
+    The run directory's lock, taken by the trainer's `setup_run`, is released when this returns or raises.
+    """
+    policy_cfg = make_policy_config(cfg.policy, env_config(cfg))
+    if policy_cfg.training_mode not in (OFFLINE, ONLINE):
+        raise ConfigError(f"policy {policy_cfg.name!r} is not trainable (evaluate it with scripts/eval.py)")
+    if policy_cfg.training_mode == ONLINE and distributed.world_size() > 1:
+        raise ConfigError(
+            f"policy {policy_cfg.name!r} learns online and trains on one process only, but "
+            f"{distributed.world_size()} were launched; run it without torchrun (or with --nproc_per_node 1)"
+        )
+    try:
+        if policy_cfg.training_mode == OFFLINE:
+            from lerobot.training.offline import train_offline
+
+            return train_offline(cfg)
         from lerobot.training.online import train_online
 
         return train_online(cfg)
-    raise ConfigError(f"policy {policy_cfg.name!r} is not trainable (evaluate it with scripts/eval.py)")
+    finally:
+        if cfg.output_dir is not None:
+            release_run_dir(Path(cfg.output_dir))

@@ -20,7 +20,8 @@ from lerobot.policies.factory import inference_context
 from lerobot.policies.policy import Policy
 from lerobot.rollout import aggregate_episodes, eval_policy
 from lerobot.training import distributed
-from lerobot.training.checkpoint import latest_checkpoint, remove_stale_temporaries
+from lerobot.training.checkpoint import remove_stale_temporaries
+from lerobot.training.run_dir import lock_run_dir, release_run_dir, resume_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -131,12 +132,15 @@ def set_seed(seed: int) -> None:
 
 
 def setup_run(cfg: DictConfig) -> tuple[Path, Path | None]:
-    """Create (or find) the run directory; return it and the checkpoint to resume from, if any.
+    """Create (or find) the run directory and lock it; return it and the checkpoint to resume from, if any.
 
-    `training.resume=true` needs `output_dir` pointing at an earlier run that holds a checkpoint.
+    Without `output_dir` a new, timestamped directory is made (so nothing is resumed automatically). The
+    lock (`lerobot.training.run_dir`) is taken before anything is read or written (stale checkpoint
+    temporaries are cleared under it), and released when `lerobot.training.train` returns; `training.resume`
+    decides between resuming and a fresh start.
     """
     if cfg.output_dir is None:
-        if cfg.training.resume:
+        if cfg.training.resume == "true":
             raise ConfigError("training.resume=true needs output_dir=<run directory of the run to resume>")
         now = dt.datetime.now()
         cfg.output_dir = str(
@@ -145,21 +149,18 @@ def setup_run(cfg: DictConfig) -> tuple[Path, Path | None]:
             / f"{now:%H-%M-%S}_{cfg.env.name}_{cfg.policy.name}"
         )
     run_dir = Path(cfg.output_dir)
-    remove_stale_temporaries(run_dir)  # before looking for checkpoints: a complete one may be put in place
-    resume_from = None
-    if cfg.training.resume:
-        resume_from = latest_checkpoint(run_dir)
-        if resume_from is None:
-            raise ConfigError(
-                f"training.resume=true but {run_dir} holds no checkpoint (checkpoints/last); "
-                "pass output_dir=<run directory of the run to resume>"
-            )
-    elif latest_checkpoint(run_dir) is not None:
-        raise ConfigError(
-            f"{run_dir} already holds checkpoints; pass training.resume=true to continue it or pick another output_dir"
-        )
-    run_dir.mkdir(parents=True, exist_ok=True)
-    log.info("run directory: %s", run_dir)
+    lock_run_dir(run_dir)
+    try:
+        remove_stale_temporaries(
+            run_dir
+        )  # before looking for checkpoints: a complete one may be put in place
+        resume_from = resume_checkpoint(cfg, run_dir)
+    except BaseException:
+        release_run_dir(run_dir)
+        raise
+    log.info(
+        "run directory: %s (%s)", run_dir, f"resuming from {resume_from.name}" if resume_from else "new run"
+    )
     return run_dir, resume_from
 
 

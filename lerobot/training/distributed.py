@@ -33,8 +33,8 @@ T = TypeVar("T")
 # Whether this module created the process group (and so destroys it in `shutdown`); a caller that set up
 # its own group keeps it.
 _owned = False
-# A gloo group over the same processes when the default group is NCCL: host-side exchanges (Python objects,
-# barriers) go through it, so they never wait for the GPU's queued work.
+# A gloo group over the same processes when the default group is NCCL: host-side exchanges (flags, Python
+# objects, barriers) go through it, so they never wait for the GPU's queued work.
 _host_group: dist.ProcessGroup | None = None
 
 
@@ -139,6 +139,16 @@ def mean(x: Tensor) -> Tensor:
     if not active():
         return x
     return _sum_over_processes(x) / world_size()
+
+
+def any_process(flag: bool) -> bool:
+    """Whether `flag` is set on any process; every process gets the same answer (e.g. a stop signal that
+    reached one of them, so that all stop at the same step)."""
+    if not active():
+        return flag
+    value = torch.tensor([int(flag)])
+    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=_host_group)
+    return bool(value.item())
 
 
 def on_main(fn: Callable[[], T]) -> T:

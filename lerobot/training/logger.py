@@ -26,8 +26,9 @@ PLOTTED = (
 class MetricsLogger:
     """Append metrics to `run_dir/metrics.jsonl`, redraw `run_dir/curves.png`, forward to wandb if enabled.
 
-    On resume (`resume_step` set) lines logged after that step by the interrupted run are dropped, so the
-    file holds one trajectory.
+    An existing file is read back: a line that is not valid JSON (the half-written last line of a process
+    killed while appending) is dropped with a warning, and with `resume_step` set, records logged after that
+    step (by the interrupted run, past its last checkpoint) are dropped, so the file holds one trajectory.
     """
 
     def __init__(
@@ -40,9 +41,16 @@ class MetricsLogger:
         self._last_plot = 0.0
         self.records: list[dict[str, Any]] = []
         if self.path.exists():
-            with open(self.path) as f:
-                self.records = [json.loads(line) for line in f if line.strip()]
+            self.records = read_records(self.path)
             if resume_step is not None:
+                after = [r for r in self.records if r["step"] > resume_step]
+                if after:
+                    log.info(
+                        "%s: dropped %d records logged after step %d (the interrupted run's, not checkpointed)",
+                        self.path,
+                        len(after),
+                        resume_step,
+                    )
                 self.records = [r for r in self.records if r["step"] <= resume_step]
             self._rewrite()
         self.wandb = None
@@ -61,6 +69,7 @@ class MetricsLogger:
             )
 
     def _rewrite(self) -> None:
+        # Atomic (temp file + rename): a kill during the rewrite leaves the old file whole.
         tmp = self.path.with_suffix(".tmp")
         with open(tmp, "w") as f:
             for record in self.records:
@@ -117,3 +126,28 @@ class MetricsLogger:
         self.plot()
         if self.wandb is not None:
             self.wandb.finish()
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """The records of a metrics file; lines that are not whole JSON records are dropped with a warning."""
+    records, bad = [], []
+    with open(path) as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                record = None
+            if isinstance(record, dict) and "step" in record and "split" in record:
+                records.append(record)
+            else:
+                bad.append(number)
+    if bad:
+        log.warning(
+            "%s: dropped %d unreadable line(s) (%s), e.g. half-written by a killed run",
+            path,
+            len(bad),
+            ", ".join(f"line {n}" for n in bad[:3]),
+        )
+    return records

@@ -164,6 +164,9 @@ def train_offline(cfg: DictConfig, progress: bool = True) -> Path:
         ) as loop,
         DivergenceGuard(run_dir, update.advice()) as guard,
     ):
+        if loop.eval_pending:
+            with update.averaged_weights():
+                loop.evaluate(policy)
         while loop.running:
             t0 = time.perf_counter()
             batch = to_device(next(batches), device)
@@ -185,5 +188,8 @@ def train_offline(cfg: DictConfig, progress: bool = True) -> Path:
                 with update.averaged_weights():
                     loop.evaluate(policy)
             window.exclude(time.perf_counter() - t0)
+    # Ends the loader's workers now: they ignore SIGTERM (see `make_dataloader`), so the exit-time
+    # terminate-and-join of multiprocessing must find none left.
+    del batches
     distributed.barrier()  # the main process has written everything before any process leaves
     return run_dir

@@ -394,6 +394,8 @@ def train_online(cfg: DictConfig, progress: bool = True) -> Path:
         ) as loop,
         DivergenceGuard(run_dir, update.advice()) as guard,
     ):
+        if loop.eval_pending:
+            loop.evaluate(policy)
         # Seeds derived from the transition count, so a resumed run does not replay the episodes it saw.
         collector.start(cfg.seed + counts.transitions)
         window = _LogWindow(counts.transitions, tcfg.n_envs)

@@ -1,0 +1,121 @@
+"""Stop signals turned into a clean stop: finish the step, save a checkpoint, exit.
+
+`SIGTERM` and `SIGUSR1` (what SLURM and other schedulers send before preempting or at the time limit) and
+`SIGINT` (Ctrl-C) only set a flag while a trainer's loop runs; the loop reads it once per step, at the step
+boundary, saves a checkpoint and ends (`lerobot.training.loop.TrainingLoop`). A signal that arrives while a
+checkpoint is being written therefore lets the write finish. An evaluation in progress is abandoned (it
+can take minutes; the resumed run redoes the evaluation of its first step when that one was due). A second
+Ctrl-C aborts at once; outside the loop (start-up, the final clean-up) a stop signal aborts at once too, as
+there is nothing to save.
+
+The handlers are installed by the command line (`stop_on_signals`, around the whole training call, before any
+worker process is forked, so forked workers inherit them and keep running until the main process stops
+them: a signal sent to the whole process group, as a terminal's Ctrl-C is, does not kill them) and read through `active()` by the loop; library use without them keeps Python's default behaviour.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from types import FrameType
+
+log = logging.getLogger(__name__)
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+# Exit codes after a clean stop: 0 for a scheduler's signal (the run is resumable, the job ends normally
+# and the scheduler requeues it), the shell's 128 + 2 for Ctrl-C (so `train && eval` does not go on).
+EXIT_CODES = {signal.SIGTERM: 0, signal.SIGUSR1: 0, signal.SIGINT: 130}
+
+
+class StopAborted(KeyboardInterrupt):
+    """A stop signal arrived where no clean stop is possible (start-up, a second Ctrl-C)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class EvaluationInterrupted(BaseException):
+    """A stop signal arrived during an evaluation; a BaseException so that no `except Exception` swallows it."""
+
+
+class StopRequest:
+    """What the signal handlers recorded, and where the training loop stands with respect to them."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None  # the first stop signal received while armed
+        self.stopped_at: int | None = None  # the step at which the loop stopped for it
+        self._armed = False  # a training loop runs and will act on `signum`
+        self._in_eval = False  # ... and is evaluating
+        self._pid = os.getpid()  # forked workers inherit the handler; only this process acts on it
+
+    @property
+    def name(self) -> str:
+        """The received signal's name (e.g. SIGTERM)."""
+        return signal.Signals(self.signum).name if self.signum is not None else ""
+
+    @contextlib.contextmanager
+    def armed(self) -> Iterator[None]:
+        """While the training loop runs: stop signals are recorded instead of aborting."""
+        self._armed = True
+        try:
+            yield
+        finally:
+            self._armed = False
+
+    @contextlib.contextmanager
+    def evaluating(self) -> Iterator[None]:
+        """While the loop evaluates: a stop signal abandons the evaluation (`EvaluationInterrupted`)."""
+        if self.signum is not None:
+            raise EvaluationInterrupted
+        self._in_eval = True
+        try:
+            yield
+        finally:
+            self._in_eval = False
+
+    def handle(self, signum: int, frame: FrameType | None) -> None:
+        """The signal handler (runs in the main thread between two Python bytecodes)."""
+        if os.getpid() != self._pid:
+            return  # a forked worker (e.g. a DataLoader's): the main process stops it when it ends
+        if not self._armed or (signum == signal.SIGINT and self.signum == signal.SIGINT):
+            raise StopAborted(signum)
+        if self.signum is None:
+            self.signum = signum
+            log.warning(
+                "%s received: stopping after the current step with a checkpoint (Ctrl-C again aborts at once)",
+                self.name,
+            )
+        if self._in_eval:
+            self._in_eval = False
+            raise EvaluationInterrupted
+
+
+_active: StopRequest | None = None
+
+
+def active() -> StopRequest | None:
+    """The stop request of the running `stop_on_signals` context, if any."""
+    return _active
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[StopRequest]:
+    """Install the stop handlers for the duration (main thread only; elsewhere a no-op request)."""
+    global _active
+    request = StopRequest()
+    if threading.current_thread() is not threading.main_thread():
+        yield request
+        return
+    previous = {s: signal.signal(s, request.handle) for s in STOP_SIGNALS}
+    _active = request
+    try:
+        yield request
+    finally:
+        _active = None
+        for s, handler in previous.items():
+            signal.signal(s, handler)
