@@ -16,6 +16,7 @@ import argparse
 import datetime as dt
 import json
 import logging
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -183,6 +184,10 @@ def _run(main, argv: list[str] | None) -> int:
             f"stopped by {e} without saving (a later relaunch resumes from checkpoints/last)", file=sys.stderr
         )
         return EXIT_CODES[e.signum]
+    except KeyboardInterrupt:
+        # Outside training (evaluation, conversion): nothing to save; the env workers are already gone.
+        print("interrupted (Ctrl-C)", file=sys.stderr)
+        return EXIT_CODES[signal.SIGINT]
     except Exception as e:
         from lerobot.training.checkpoint import no_space_error
 

@@ -205,6 +205,38 @@ def test_cli_eval_with_a_killed_worker_exits_2_with_one_line(tmp_path):
             proc.kill()
 
 
+def test_ctrl_c_to_the_process_group_ends_cli_eval_with_one_line(tmp_path):
+    """A terminal's Ctrl-C reaches the whole process group: the workers ignore it, the main process ends
+    the evaluation, its workers and itself with one line and the shell's exit code 130."""
+    cmd = [sys.executable, "scripts/eval.py", "policy=random", "env=pusht_keypoints", "eval.n_episodes=5000"]
+    cmd += ["eval.batch_size=3", "eval.use_async_envs=true", "eval.max_episodes_rendered=0"]
+    proc = subprocess.Popen(
+        [*cmd, "--output-dir", str(tmp_path / "eval")],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,  # its own process group, as a terminal job has
+    )
+    try:
+        deadline = time.monotonic() + 60
+        workers: list[int] = []
+        while time.monotonic() < deadline and len(workers) < 3:
+            workers = [w for server in _children(proc.pid) for w in _children(server)]
+            time.sleep(0.2)
+        assert len(workers) == 3
+        time.sleep(1.0)
+        os.killpg(proc.pid, signal.SIGINT)
+        _, stderr = proc.communicate(timeout=30)
+        assert proc.returncode == 130, stderr
+        assert stderr.strip().splitlines()[-1] == "interrupted (Ctrl-C)" and "Traceback" not in stderr
+        assert all(_gone(pid) for pid in workers)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
 def test_env_workers_do_not_import_torch():
     """Each worker builds its env from `lerobot.envs.worker`; torch would cost it ~350 MB (PSS)."""
     code = (

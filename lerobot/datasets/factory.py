@@ -11,7 +11,6 @@ DataLoader (generator state, iterator position) needs to be saved: the checkpoin
 
 from __future__ import annotations
 
-import signal
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from lerobot.constants import ACTION
 from lerobot.datasets.episode_dataset import EpisodeDataset, collate_batch
 from lerobot.datasets.lerobot_import import LEROBOT_FORMAT, prepare_lerobot
 from lerobot.datasets.pusht_import import prepare_pusht
+from lerobot.stop_signals import ignore_stop_signals
 
 SPLITS = ("train", "val")
 
@@ -242,16 +242,8 @@ def make_dataloader(
         collate_fn=collate_batch,
         pin_memory=pin_memory and torch.cuda.is_available(),
         persistent_workers=False,
-        worker_init_fn=_ignore_stop_signals,
+        worker_init_fn=ignore_stop_signals,
     )
-
-
-def _ignore_stop_signals(worker_id: int) -> None:
-    """A loader worker outlives the SIGTERM, SIGUSR1 or Ctrl-C sent to the whole process group (a scheduler
-    before preemption, a terminal): the main process decides whether training stops, and ends its workers
-    (through the iterator's shutdown: a worker no longer leaves on its parent's SIGTERM)."""
-    for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
-        signal.signal(signum, signal.SIG_IGN)
 
 
 def cycle_batches(

@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 from lerobot.config import ConfigError, EnvConfig
 from lerobot.constants import VISUAL
 from lerobot.envs.faults import EnvWorkerError, close_now, kill_workers, worker_call
-from lerobot.envs.worker import build_env
+from lerobot.envs.worker import build_env, build_worker_env
 
 log = logging.getLogger(__name__)
 
@@ -159,19 +159,21 @@ def make_env(
     if n_envs < 1:
         raise ConfigError(f"n_envs={n_envs} must be >= 1")
     _check_env_config(env_cfg)
-    fn = functools.partial(
-        build_env,  # pickled into every async worker: lives in a torch-free module
+    args = (
         env_cfg.gym_id,
         env_cfg.max_episode_steps,
         dict(env_cfg.gym_kwargs),
         render_mode,
         dict(env_cfg.observation_keys),
     )
-    fns = [fn] * n_envs
     if use_async:
+        # Pickled into every async worker: lives in a torch-free module.
+        fns = [functools.partial(build_worker_env, *args)] * n_envs
         env = _AsyncVectorEnv(fns, context=_START_METHOD, autoreset_mode=autoreset_mode, copy=copy)
     else:
-        env = SyncVectorEnv(fns, autoreset_mode=autoreset_mode, copy=copy)
+        env = SyncVectorEnv(
+            [functools.partial(build_env, *args)] * n_envs, autoreset_mode=autoreset_mode, copy=copy
+        )
     try:
         _check_shapes(env_cfg, env.single_observation_space)
     except ConfigError:

@@ -9,12 +9,14 @@ this module, and a torch import would cost every worker ~350 MB (docs/evaluation
 from __future__ import annotations
 
 import importlib
+import multiprocessing
 from collections.abc import Mapping
 
 import gymnasium as gym
 from gymnasium import spaces
 
 from lerobot.config import WHOLE_OBSERVATION, ConfigError
+from lerobot.stop_signals import ignore_stop_signals
 
 PATH_SEPARATOR = "/"
 
@@ -72,6 +74,17 @@ class BatchKeyObservation(gym.ObservationWrapper):
                 value = value[part]
             out[key] = value
         return out
+
+
+def build_worker_env(*args: object) -> gym.Env:
+    """`build_env` for an async worker process: the worker ignores the stop signals sent to the whole
+    process group (the main process stops first, saving what it must, then ends its workers).
+
+    `AsyncVectorEnv` also calls it once in the main process (a throwaway env for the spaces), which must
+    keep its handlers."""
+    if multiprocessing.parent_process() is not None:
+        ignore_stop_signals()
+    return build_env(*args)
 
 
 def build_env(

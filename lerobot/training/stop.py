@@ -23,9 +23,10 @@ import threading
 from collections.abc import Iterator
 from types import FrameType
 
+from lerobot.stop_signals import STOP_SIGNALS
+
 log = logging.getLogger(__name__)
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 # Exit codes after a clean stop: 0 for a scheduler's signal (the run is resumable, the job ends normally
 # and the scheduler requeues it), the shell's 128 + 2 for Ctrl-C (so `train && eval` does not go on).
 EXIT_CODES = {signal.SIGTERM: 0, signal.SIGUSR1: 0, signal.SIGINT: 130}
