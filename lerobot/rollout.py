@@ -287,8 +287,10 @@ def eval_policy(
     """Evaluate `policy` for `n_episodes` on the vector env `env` and return per-episode and aggregate metrics.
 
     Returns `{"per_episode": [{"episode_ix", "seed", "sum_reward", "max_reward", "success", "n_steps"}],
-    "aggregated": {"avg_sum_reward", "avg_max_reward", "pc_success", "eval_s", "eval_ep_s", "env_steps",
-    "env_steps_per_s", "slot_utilization"}, "video_paths": [...]}` with episodes ordered by index.
+    "aggregated": {"avg_sum_reward", "avg_max_reward", "pc_success", their 95% intervals
+    ("avg_max_reward_ci95_low/high", "pc_success_ci95_low/high", Wilson's for success), "n_episodes",
+    "eval_s", "eval_ep_s", "env_steps", "env_steps_per_s", "slot_utilization"}, "video_paths": [...]}` with
+    episodes ordered by index.
     `slot_utilization` is busy env-steps / total env-steps (idle slots waiting for others count as waste).
     With an `AsyncVectorEnv`, a dead worker raises `EnvWorkerError` at once; a hung one does so after
     `step_timeout_s` if given (checking costs time every step; resets and renders wait at most
@@ -401,16 +403,36 @@ def aggregate_episodes(
         busy_steps: env steps that belonged to an evaluated episode.
         slot_steps: env steps taken in all, idle slots included.
     """
+    max_reward = np.array([e["max_reward"] for e in per_episode], dtype=np.float64)
+    successes = int(sum(bool(e["success"]) for e in per_episode))
+    n = len(per_episode)
+    # 95% intervals: Wilson's for the success rate (sound near 0% and 100% and for few episodes), the
+    # normal approximation for the mean of max rewards (bounded in [0, 1], so it holds from a few dozen).
+    success_low, success_high = wilson_interval(successes, n)
+    half = 1.96 * max_reward.std(ddof=1) / math.sqrt(n) if n > 1 else math.nan
     return {
         "avg_sum_reward": float(np.mean([e["sum_reward"] for e in per_episode])),
-        "avg_max_reward": float(np.mean([e["max_reward"] for e in per_episode])),
-        "pc_success": float(100.0 * np.mean([e["success"] for e in per_episode])),
+        "avg_max_reward": float(max_reward.mean()),
+        "avg_max_reward_ci95_low": float(max_reward.mean() - half),
+        "avg_max_reward_ci95_high": float(max_reward.mean() + half),
+        "pc_success": 100.0 * successes / n,
+        "pc_success_ci95_low": 100.0 * success_low,
+        "pc_success_ci95_high": 100.0 * success_high,
+        "n_episodes": n,
         "eval_s": eval_s,
         "eval_ep_s": eval_s / len(per_episode),
         "env_steps": int(busy_steps),
         "env_steps_per_s": busy_steps / eval_s if eval_s > 0 else math.nan,
         "slot_utilization": busy_steps / slot_steps if slot_steps else math.nan,
     }
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval of a success rate `successes / n` (fractions; `z` = 1.96 for 95%)."""
+    p = successes / n
+    center = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return max(0.0, center - half), min(1.0, center + half)
 
 
 def _non_finite_message(action: np.ndarray, episodes: _Episodes, vector_step: int) -> str:

@@ -279,3 +279,18 @@ def test_pixels_without_observation_copies_match_copies():
         runs.append(eval_policy(env, policy, 5, start_seed=7, progress=False)["per_episode"])
         env.close()
     assert runs[0] == runs[1]
+
+
+def test_wilson_interval_matches_known_values_and_aggregates_carry_intervals():
+    from lerobot.rollout import aggregate_episodes, wilson_interval
+
+    # Reference values of the Wilson score interval (z = 1.96).
+    assert wilson_interval(0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)
+    assert wilson_interval(5, 10) == pytest.approx((0.2366, 0.7634), abs=1e-4)
+    assert wilson_interval(64, 100) == pytest.approx((0.5424, 0.7273), abs=1e-4)
+    rows = [{"sum_reward": 1.0, "max_reward": r, "success": r > 0.95} for r in (0.2, 0.96, 1.0, 0.5)]
+    agg = aggregate_episodes(rows, eval_s=1.0, busy_steps=40, slot_steps=40)
+    assert agg["n_episodes"] == 4 and agg["pc_success"] == 50.0
+    assert agg["pc_success_ci95_low"] < 50.0 < agg["pc_success_ci95_high"]
+    half = 1.96 * np.std([0.2, 0.96, 1.0, 0.5], ddof=1) / 2
+    assert agg["avg_max_reward_ci95_high"] - agg["avg_max_reward"] == pytest.approx(half)
