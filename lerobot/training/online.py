@@ -44,6 +44,7 @@ from lerobot.envs import make_env, observation_to_batch
 from lerobot.policies.config import PolicyConfig
 from lerobot.policies.factory import make_policy, make_policy_config
 from lerobot.policies.online_policy import OnlinePolicy
+from lerobot.rollout import NonFiniteActionError
 from lerobot.training.checkpoint import (
     get_rng_state,
     load_training_state,
@@ -237,6 +238,7 @@ class Collector:
                     action = self.envs.action_space.sample()
                 else:
                     action = self.policy.select_action(observation_to_batch(self.obs, self.device)).numpy()
+                    _refuse_non_finite(action, transitions)
                 next_obs, reward, terminated, truncated, info = self.envs.step(action)
                 self.buffer.add_env_step(
                     self.obs, action, reward, next_obs, terminated, truncated, info, AutoresetMode.SAME_STEP,
@@ -256,6 +258,19 @@ class Collector:
     def close(self) -> None:
         """Close the train envs."""
         self.envs.close()
+
+
+def _refuse_non_finite(action: np.ndarray, transitions: int) -> None:
+    """Stop before a NaN or infinite (n_envs, action_dim) action reaches a train env (it would poison the
+    env's state and the replay buffer)."""
+    finite = np.isfinite(action.reshape(action.shape[0], -1)).all(axis=1)
+    if not finite.all():
+        slot = int(np.flatnonzero(~finite)[0])
+        raise NonFiniteActionError(
+            f"the policy returned a non-finite action {action[slot].tolist()} for train env slot {slot} after "
+            f"{transitions} transitions; it was not sent to the env. The policy diverged: resume from an "
+            "earlier checkpoint with a lower policy.optimizer_lr"
+        )
 
 
 class _LogWindow:
