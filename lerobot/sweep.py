@@ -65,13 +65,21 @@ def train_job(cfg: DictConfig) -> dict[str, Any]:
 
     from lerobot.cli import _expected_errors
     from lerobot.training import train
+    from lerobot.training.stop import stop_on_signals
 
     run_dir = HydraConfig.get().runtime.output_dir
+    if _stopped_by is not None:  # a stop signal ended an earlier job of this process: start no more
+        return {"status": "not run", "error": f"the sweep was stopped by {_stopped_by}", "run_dir": run_dir}
     try:
         cfg = validate_config(cfg)
         if cfg.output_dir is None:
             cfg.output_dir = run_dir
-        run_dir = str(train(cfg))
+        with stop_on_signals() as stop:
+            run_dir = str(train(cfg))
+        if stop.stopped_at is not None:
+            _stop_sweep(stop.name)
+            return {"status": "stopped", "error": f"stopped by {stop.name} at step {stop.stopped_at}, "
+                    "checkpoint saved; run the same command again to resume", "run_dir": run_dir}  # fmt: skip
     except _expected_errors() as e:
         log.error("error: %s", e)
         return {"status": "error", "error": str(e), "run_dir": run_dir}
@@ -79,6 +87,14 @@ def train_job(cfg: DictConfig) -> dict[str, Any]:
         log.exception("job failed")
         return {"status": "failed", "error": f"{type(e).__name__}: {e}", "run_dir": run_dir}
     return {"status": "completed", "run_dir": run_dir, "final": final_metrics(Path(run_dir))}
+
+
+_stopped_by: str | None = None
+
+
+def _stop_sweep(signal_name: str) -> None:
+    global _stopped_by
+    _stopped_by = signal_name
 
 
 def final_metrics(run_dir: Path) -> dict[str, dict[str, Any]]:
@@ -101,8 +117,9 @@ def final_metrics(run_dir: Path) -> dict[str, dict[str, Any]]:
 def run_sweep(overrides: Sequence[str], search_path: Sequence[Path] = ()) -> int:
     """Check every job, launch the sweep with Hydra's configured launcher, write and print the summary.
 
-    Returns the exit code: 0 when every job completed, 2 when a job stopped on an expected error (bad
-    data, divergence, ...), 1 when a job crashed.
+    Returns the exit code: 0 when every job completed (or a scheduler's SIGTERM/SIGUSR1 stopped it after a
+    checkpoint), 2 when a job stopped on an expected error (bad data, divergence, ...), 1 when a job crashed,
+    130 after Ctrl-C.
     """
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -128,7 +145,11 @@ def run_sweep(overrides: Sequence[str], search_path: Sequence[Path] = ()) -> int
         print(_summary_line(entry, [o for o in entry["overrides"] if o not in shared]))
     print(f"sweep summary: {sweep_dir / SUMMARY_FILE}")
     statuses = {entry["status"] for entry in summary}
-    return 1 if "failed" in statuses else 2 if "error" in statuses else 0
+    if "failed" in statuses:
+        return 1
+    if "error" in statuses:
+        return 2
+    return 130 if _stopped_by == "SIGINT" else 0  # a scheduler's stop is a clean end, as for one run
 
 
 def write_summary(sweep_dir: Path, summary: list[dict[str, Any]]) -> Path:

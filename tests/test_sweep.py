@@ -3,8 +3,10 @@ per job, a summary of each job's final metrics, and config errors caught before 
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -107,3 +109,33 @@ def test_submitit_local_launcher_runs_the_jobs_as_processes(tmp_path, data_args)
         assert (Path(job["run_dir"]) / "checkpoints" / "000000002" / "model.safetensors").is_file()
     # submitit kept each job's logs (its own process) in the sweep directory.
     assert list((sweep / ".submitit").rglob("*_log.out"))
+
+
+def test_sigterm_stops_the_sweep_after_a_checkpoint_and_a_relaunch_resumes(tmp_path, data_args):
+    sweep = tmp_path / "sweep"
+    long_job = [*JOB[:-3], "training.steps=100000", "training.save_freq=100000", "eval.freq=0"]
+    cmd = [sys.executable, str(REPO / "scripts" / "train.py"), "-m", *long_job, *data_args, "seed=1,2"]
+    cmd.append(f"hydra.sweep.dir={sweep}")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (sweep / "0" / "metrics.jsonl").exists():
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-2000:]
+    jobs = _summary(sweep)
+    assert [j["status"] for j in jobs] == ["stopped", "not run"]
+    assert (sweep / "0" / "checkpoints" / "last").exists() and not (sweep / "1" / "checkpoints").exists()
+    # The same command again resumes job 0 from its checkpoint (training.resume=auto) and runs job 1.
+    resumed = [*cmd[:-1], "training.steps=" + str(_step(sweep / "0") + 2), cmd[-1]]
+    assert subprocess.run(resumed, env=env, capture_output=True, timeout=300).returncode == 0
+    assert [j["status"] for j in _summary(sweep)] == ["completed", "completed"]
+
+
+def _step(run_dir: Path) -> int:
+    return int((run_dir / "checkpoints" / "last").resolve().name)
