@@ -29,16 +29,19 @@ import lerobot  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads)
 import argparse
 import statistics
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 from common import keep_previous_rows, machine_info, print_table, save_results
+from omegaconf import DictConfig
 from torch.utils.flop_counter import FlopCounterMode
 
 from lerobot.cli import compose_config
 from lerobot.config import env_config
 from lerobot.datasets import cycle_batches, make_dataset
 from lerobot.policies.factory import make_policy, make_policy_config
+from lerobot.policies.policy import Policy
 from lerobot.training.loop import TrainStep
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -51,7 +54,8 @@ ROWS = {
 DTYPES = ("fp32", "bf16 autocast")
 
 
-def _default_root() -> str | None:
+def default_data_root() -> str | None:
+    """The PushT demonstrations beside the checkout, where they exist."""
     shared = REPO_ROOT.parent / "shared" / "data" / "pusht"
     return str(shared) if shared.is_dir() else None
 
@@ -71,7 +75,9 @@ def _flops(policy, batch: dict) -> float:
     return counter.get_total_flops()
 
 
-def diffusion_row(name: str, overrides: list[str], steps: int) -> list[dict]:
+def diffusion_training(overrides: list[str]) -> tuple[DictConfig, Policy, TrainStep, Iterator[dict], int]:
+    """The composed config, a seeded Diffusion policy, the trainers' `TrainStep` for it, the real loader's
+    batches (`num_workers=0`) and the batch size, as the offline trainer builds them."""
     cfg = compose_config(overrides)
     env_cfg = env_config(cfg)
     policy_cfg = make_policy_config(cfg.policy, env_cfg)
@@ -79,9 +85,14 @@ def diffusion_row(name: str, overrides: list[str], steps: int) -> list[dict]:
     dataset = make_dataset(cfg.dataset, env_cfg, policy_cfg.delta_timestamps(env_cfg.fps), split="train")
     torch.manual_seed(0)
     policy = make_policy(policy_cfg, dataset_stats=dataset.stats).train()
-    n_params = sum(p.numel() for p in policy.parameters())
-    update = TrainStep(policy, policy_cfg, cfg.training, total_updates=1000)
+    update = TrainStep(policy, policy_cfg, cfg.training, total_updates=cfg.training.steps)
     batches = cycle_batches(dataset, batch_size=batch_size, seed=0, num_workers=0)
+    return cfg, policy, update, batches, batch_size
+
+
+def diffusion_row(name: str, overrides: list[str], steps: int) -> list[dict]:
+    _, policy, update, batches, batch_size = diffusion_training(overrides)
+    n_params = sum(p.numel() for p in policy.parameters())
 
     def step(dtype: str) -> tuple[float, float]:
         t0 = time.perf_counter()
@@ -185,7 +196,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
     parser.add_argument("--steps", type=int, default=4, help="timed steps per dtype (after one warm-up)")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--data-root", default=_default_root(), help="directory with the PushT zarr")
+    parser.add_argument("--data-root", default=default_data_root(), help="directory with the PushT zarr")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     extra = [f"dataset.root={args.data_root}"] if args.data_root else []

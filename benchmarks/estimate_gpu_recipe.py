@@ -25,20 +25,12 @@ import lerobot  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads)
 # isort: on
 import argparse
 from collections import Counter
-from pathlib import Path
 
-import torch
+from bench_train import default_data_root, diffusion_training
 from common import machine_info, print_table, save_results
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
-from lerobot.cli import compose_config
-from lerobot.config import env_config
-from lerobot.datasets import cycle_batches, make_dataset
-from lerobot.policies.factory import make_policy, make_policy_config
-from lerobot.training.loop import TrainStep
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
 # Vendor specifications: peak dense bf16 tensor-core TFLOP/s and memory bandwidth in TB/s.
 GPUS = {
     "H200 SXM": (989.0, 4.8),
@@ -67,22 +59,10 @@ class _CountOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _default_root() -> str | None:
-    shared = REPO_ROOT.parent / "shared" / "data" / "pusht"
-    return str(shared) if shared.is_dir() else None
-
-
 def count_step(overrides: list[str]) -> dict:
     """FLOPs and dispatched operators of one training step of the composed config, plus its schedule."""
-    cfg = compose_config(overrides)
-    env_cfg = env_config(cfg)
-    policy_cfg = make_policy_config(cfg.policy, env_cfg)
-    batch_size = cfg.training.batch_size or policy_cfg.batch_size
-    dataset = make_dataset(cfg.dataset, env_cfg, policy_cfg.delta_timestamps(env_cfg.fps), split="train")
-    torch.manual_seed(0)
-    policy = make_policy(policy_cfg, dataset_stats=dataset.stats).train()
-    update = TrainStep(policy, policy_cfg, cfg.training, total_updates=cfg.training.steps)
-    batch = next(cycle_batches(dataset, batch_size=batch_size, seed=0, num_workers=0))
+    cfg, policy, update, batches, batch_size = diffusion_training(overrides)  # as the trainer builds them
+    batch = next(batches)
     update(batch, where="warm-up step")  # optimizer state exists from here on, as in every later step
     flops, ops = FlopCounterMode(display=False), _CountOps()
     with flops, ops:
@@ -117,7 +97,7 @@ def estimate(step: dict) -> list[dict]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--experiment", default="diffusion_pusht_gpu")
-    parser.add_argument("--data-root", default=_default_root(), help="directory with the PushT zarr")
+    parser.add_argument("--data-root", default=default_data_root(), help="directory with the PushT zarr")
     args = parser.parse_args(argv)
     overrides = [f"+experiment={args.experiment}"]
     if args.data_root:
