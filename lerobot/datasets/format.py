@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import shutil
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,8 @@ import numpy as np
 import torch
 from safetensors import SafetensorError
 from safetensors.numpy import load_file
+
+log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 META_FILE = "meta.json"
@@ -267,3 +271,67 @@ def stats_to_tensors(stats: dict[str, np.ndarray], image: bool) -> dict[str, tor
         t = torch.as_tensor(np.asarray(stats[name]), dtype=torch.float32)
         out[name] = t.reshape(-1, 1, 1) if image else t
     return out
+
+
+# ---------------------------------------------------------------- installing a conversion (any importer)
+def is_current(out_dir: Path, fingerprint: str) -> bool:
+    """Whether `out_dir` holds a conversion of the source with this `fingerprint`."""
+    try:
+        meta = read_meta(out_dir)
+    except (DatasetError, DatasetNotFoundError):
+        return False
+    return meta.get("source", {}).get("fingerprint") == fingerprint
+
+
+def is_intact(out_dir: Path) -> bool:
+    """Whether a current conversion still opens and passes its checks; if not, log why (it is rebuilt)."""
+    from lerobot.datasets.episode_dataset import EpisodeDataset  # the dataset module imports no importer
+
+    try:
+        EpisodeDataset(out_dir)
+    except (DatasetError, DatasetNotFoundError) as e:
+        log.warning("%s; converting again from the source", e)
+        return False
+    return True
+
+
+def remove_stale_temps(parent: Path, name: str) -> None:
+    """Delete temp/old directories of `name` left by processes that no longer run (crashes, kills)."""
+    for leftover in parent.glob(f".{name}.*-*-*"):
+        try:
+            pid = int(leftover.name.split("-")[1])
+        except (IndexError, ValueError):
+            continue
+        if pid != os.getpid() and not _pid_alive(pid):
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def install_conversion(tmp: Path, out_dir: Path, fingerprint: str, replace_current: bool) -> None:
+    """Rename the finished `tmp` to `out_dir`, replacing an outdated conversion; tolerate a racing twin.
+
+    `replace_current`: `out_dir` held this source's conversion when we started (forced or damaged), so
+    replace it even though its fingerprint matches.
+    """
+    old = None
+    if out_dir.exists():
+        if not replace_current and is_current(out_dir, fingerprint):
+            return  # another process finished the same conversion meanwhile
+        old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        os.rename(out_dir, old)
+    try:
+        os.rename(tmp, out_dir)
+    except OSError:
+        if not is_current(out_dir, fingerprint):
+            raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

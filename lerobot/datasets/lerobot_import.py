@@ -50,8 +50,12 @@ from lerobot.datasets.format import (
     check_free_space,
     combine_stats,
     feature_file,
+    install_conversion,
+    is_current,
+    is_intact,
     open_preallocated_memmap,
     out_of_space_error,
+    remove_stale_temps,
     stack_episode_stats,
     sufficient_stats,
     uint8_channel_stats,
@@ -69,13 +73,7 @@ from lerobot.datasets.lerobot_format import (
     iter_episode_tables,
     open_lerobot_dataset,
 )
-from lerobot.datasets.pusht_import import (
-    _install,
-    _is_current,
-    _is_intact,
-    _remove_stale_temps,
-    default_cache_dir,
-)
+from lerobot.datasets.pusht_import import default_cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -193,11 +191,11 @@ def convert_lerobot_dataset(
     out_dir = Path(out_dir)
     source = open_lerobot_dataset(source_dir)
     fingerprint = source_fingerprint(source)
-    current = _is_current(out_dir, fingerprint)
-    if current and not force and _is_intact(out_dir):
+    current = is_current(out_dir, fingerprint)
+    if current and not force and is_intact(out_dir):
         return out_dir
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_temps(out_dir.parent, out_dir.name)
+    remove_stale_temps(out_dir.parent, out_dir.name)
     needed = converted_bytes(source)
     check_free_space(out_dir.parent, needed)
     tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -206,7 +204,7 @@ def convert_lerobot_dataset(
         t0 = time.perf_counter()
         _write_converted(source, tmp, fingerprint, name or source.root.name)
         seconds = time.perf_counter() - t0
-        _install(tmp, out_dir, fingerprint, replace_current=current)
+        install_conversion(tmp, out_dir, fingerprint, replace_current=current)
     except OSError as e:
         if (error := out_of_space_error(e, out_dir.parent, needed)) is not None:
             raise error from None

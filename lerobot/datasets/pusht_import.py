@@ -76,9 +76,13 @@ from lerobot.datasets.format import (
     check_free_space,
     combine_stats,
     feature_file,
+    install_conversion,
+    is_current,
+    is_intact,
     open_preallocated_memmap,
     out_of_space_error,
     read_meta,
+    remove_stale_temps,
     stack_episode_stats,
     sufficient_stats,
     uint8_channel_stats,
@@ -196,7 +200,7 @@ def download_pusht(cache: Path, url: str = PUSHT_URL, timeout_s: float = 30.0) -
     """
     cache.mkdir(parents=True, exist_ok=True)
     final = cache / ZIP_NAME
-    _remove_stale_temps(cache, ZIP_NAME)
+    remove_stale_temps(cache, ZIP_NAME)
     part = cache / f".{ZIP_NAME}.part-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as response, open(part, "wb") as out:
@@ -238,7 +242,7 @@ def extract_pusht_zip(zip_path: Path, cache: Path) -> Path:
         return target
     check_zip(zip_path)
     cache.mkdir(parents=True, exist_ok=True)
-    _remove_stale_temps(cache, ZARR_NAME)
+    remove_stale_temps(cache, ZARR_NAME)
     tmp = cache / f".{ZARR_NAME}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
@@ -360,47 +364,6 @@ def prepare_pusht(dataset_cfg: DatasetConfig, download: bool = True, url: str = 
     return convert_pusht_zarr(source, out_dir)
 
 
-def _is_current(out_dir: Path, fingerprint: str) -> bool:
-    try:
-        meta = read_meta(out_dir)
-    except (DatasetError, DatasetNotFoundError):
-        return False
-    return meta.get("source", {}).get("fingerprint") == fingerprint
-
-
-def _is_intact(out_dir: Path) -> bool:
-    """Whether a current conversion still opens and passes its checks; if not, log why (it is rebuilt)."""
-    from lerobot.datasets.episode_dataset import EpisodeDataset  # the dataset module imports no importer
-
-    try:
-        EpisodeDataset(out_dir)
-    except (DatasetError, DatasetNotFoundError) as e:
-        log.warning("%s; converting again from the source", e)
-        return False
-    return True
-
-
-def _remove_stale_temps(parent: Path, name: str) -> None:
-    """Delete temp/old directories of `name` left by processes that no longer run (crashes, kills)."""
-    for leftover in parent.glob(f".{name}.*-*-*"):
-        try:
-            pid = int(leftover.name.split("-")[1])
-        except (IndexError, ValueError):
-            continue
-        if pid != os.getpid() and not _pid_alive(pid):
-            shutil.rmtree(leftover, ignore_errors=True)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def convert_pusht_zarr(zarr_path: Path, out_dir: Path, force: bool = False) -> Path:
     """Convert the PushT zarr at `zarr_path` into the project's format at `out_dir`; return `out_dir`.
 
@@ -414,11 +377,11 @@ def convert_pusht_zarr(zarr_path: Path, out_dir: Path, force: bool = False) -> P
     zarr_path, out_dir = Path(zarr_path), Path(out_dir)
     arrays = open_pusht_zarr(zarr_path)
     fingerprint = source_fingerprint(arrays, zarr_path)
-    current = _is_current(out_dir, fingerprint)
-    if current and not force and _is_intact(out_dir):
+    current = is_current(out_dir, fingerprint)
+    if current and not force and is_intact(out_dir):
         return out_dir
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_temps(out_dir.parent, out_dir.name)
+    remove_stale_temps(out_dir.parent, out_dir.name)
     needed = converted_bytes(arrays)
     check_free_space(out_dir.parent, needed)
     tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -427,7 +390,7 @@ def convert_pusht_zarr(zarr_path: Path, out_dir: Path, force: bool = False) -> P
         t0 = time.perf_counter()
         _write_converted(arrays, zarr_path, tmp, fingerprint)
         seconds = time.perf_counter() - t0
-        _install(tmp, out_dir, fingerprint, replace_current=current)
+        install_conversion(tmp, out_dir, fingerprint, replace_current=current)
     except OSError as e:
         if (error := out_of_space_error(e, out_dir.parent, needed)) is not None:
             raise error from None
@@ -442,27 +405,6 @@ def converted_bytes(arrays: dict[str, Any]) -> int:
     """Bytes the conversion of the PushT zarr `arrays` writes (uint8 images plus the per-frame arrays)."""
     num_frames, height, width, channels = arrays["data/img"].shape
     return num_frames * (height * width * channels + _LOW_DIM_BYTES_PER_FRAME)
-
-
-def _install(tmp: Path, out_dir: Path, fingerprint: str, replace_current: bool) -> None:
-    """Rename the finished `tmp` to `out_dir`, replacing an outdated conversion; tolerate a racing twin.
-
-    `replace_current`: `out_dir` held this source's conversion when we started (forced or damaged), so
-    replace it even though its fingerprint matches.
-    """
-    old = None
-    if out_dir.exists():
-        if not replace_current and _is_current(out_dir, fingerprint):
-            return  # another process finished the same conversion meanwhile
-        old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        os.rename(out_dir, old)
-    try:
-        os.rename(tmp, out_dir)
-    except OSError:
-        if not _is_current(out_dir, fingerprint):
-            raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def _write_converted(arrays: dict[str, Any], src: Path, out: Path, fingerprint: str) -> None:
