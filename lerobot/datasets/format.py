@@ -25,7 +25,7 @@ import logging
 import os
 import shutil
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -335,3 +335,32 @@ def install_conversion(tmp: Path, out_dir: Path, fingerprint: str, replace_curre
             raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def write_conversion(
+    out_dir: Path, fingerprint: str, needed_bytes: int, write: Callable[[Path], None], force: bool = False
+) -> bool:
+    """Convert a source into `out_dir` atomically; return False when nothing had to be written.
+
+    Idempotent: an intact conversion of the source with `fingerprint` is kept unless `force`. Atomic: `write`
+    fills a temporary sibling `.{name}.tmp-<pid>-<id>` (after a free-space check for `needed_bytes`), which
+    is then renamed into place; a full disk is one `DatasetError` and no temporary is left behind.
+    """
+    current = is_current(out_dir, fingerprint)
+    if current and not force and is_intact(out_dir):
+        return False
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(out_dir.parent, out_dir.name)
+    check_free_space(out_dir.parent, needed_bytes)
+    tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        tmp.mkdir()
+        write(tmp)
+        install_conversion(tmp, out_dir, fingerprint, replace_current=current)
+    except OSError as e:
+        if (error := out_of_space_error(e, out_dir.parent, needed_bytes)) is not None:
+            raise error from None
+        raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return True

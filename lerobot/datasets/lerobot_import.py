@@ -26,9 +26,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import shutil
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -47,18 +45,13 @@ from lerobot.datasets.format import (
     TIMESTAMP,
     DatasetError,
     DatasetNotFoundError,
-    check_free_space,
     combine_stats,
     feature_file,
-    install_conversion,
-    is_current,
-    is_intact,
     open_preallocated_memmap,
-    out_of_space_error,
-    remove_stale_temps,
     stack_episode_stats,
     sufficient_stats,
     uint8_channel_stats,
+    write_conversion,
     write_json_atomic,
 )
 from lerobot.datasets.lerobot_format import (
@@ -191,27 +184,13 @@ def convert_lerobot_dataset(
     out_dir = Path(out_dir)
     source = open_lerobot_dataset(source_dir)
     fingerprint = source_fingerprint(source)
-    current = is_current(out_dir, fingerprint)
-    if current and not force and is_intact(out_dir):
-        return out_dir
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temps(out_dir.parent, out_dir.name)
-    needed = converted_bytes(source)
-    check_free_space(out_dir.parent, needed)
-    tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    try:
-        tmp.mkdir()
-        t0 = time.perf_counter()
-        _write_converted(source, tmp, fingerprint, name or source.root.name)
-        seconds = time.perf_counter() - t0
-        install_conversion(tmp, out_dir, fingerprint, replace_current=current)
-    except OSError as e:
-        if (error := out_of_space_error(e, out_dir.parent, needed)) is not None:
-            raise error from None
-        raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    log.info("imported %s -> %s in %.1f s", source.root, out_dir, seconds)
+    t0 = time.perf_counter()
+    written = write_conversion(
+        out_dir, fingerprint, converted_bytes(source),
+        lambda tmp: _write_converted(source, tmp, fingerprint, name or source.root.name), force,
+    )  # fmt: skip
+    if written:
+        log.info("imported %s -> %s in %.1f s", source.root, out_dir, time.perf_counter() - t0)
     return out_dir
 
 

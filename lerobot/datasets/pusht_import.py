@@ -73,19 +73,15 @@ from lerobot.datasets.format import (
     TIMESTAMP,
     DatasetError,
     DatasetNotFoundError,
-    check_free_space,
     combine_stats,
     feature_file,
-    install_conversion,
-    is_current,
-    is_intact,
     open_preallocated_memmap,
-    out_of_space_error,
     read_meta,
     remove_stale_temps,
     stack_episode_stats,
     sufficient_stats,
     uint8_channel_stats,
+    write_conversion,
     write_json_atomic,
 )
 from lerobot.datasets.pusht_rules import (
@@ -377,27 +373,13 @@ def convert_pusht_zarr(zarr_path: Path, out_dir: Path, force: bool = False) -> P
     zarr_path, out_dir = Path(zarr_path), Path(out_dir)
     arrays = open_pusht_zarr(zarr_path)
     fingerprint = source_fingerprint(arrays, zarr_path)
-    current = is_current(out_dir, fingerprint)
-    if current and not force and is_intact(out_dir):
-        return out_dir
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temps(out_dir.parent, out_dir.name)
-    needed = converted_bytes(arrays)
-    check_free_space(out_dir.parent, needed)
-    tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    try:
-        tmp.mkdir()
-        t0 = time.perf_counter()
-        _write_converted(arrays, zarr_path, tmp, fingerprint)
-        seconds = time.perf_counter() - t0
-        install_conversion(tmp, out_dir, fingerprint, replace_current=current)
-    except OSError as e:
-        if (error := out_of_space_error(e, out_dir.parent, needed)) is not None:
-            raise error from None
-        raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    log.info("converted %s -> %s in %.1f s", zarr_path, out_dir, seconds)
+    t0 = time.perf_counter()
+    written = write_conversion(
+        out_dir, fingerprint, converted_bytes(arrays),
+        lambda tmp: _write_converted(arrays, zarr_path, tmp, fingerprint), force,
+    )  # fmt: skip
+    if written:
+        log.info("converted %s -> %s in %.1f s", zarr_path, out_dir, time.perf_counter() - t0)
     return out_dir
 
 
