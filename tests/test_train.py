@@ -1,5 +1,6 @@
 """scripts/train.py end to end on a tiny synthetic dataset: checkpoints, eval, exact resume, NaN stop."""
 
+import copy
 import json
 from pathlib import Path
 
@@ -195,6 +196,56 @@ def test_train_step_uses_the_policys_parameter_groups():
     assert {"loss", "grad_norm"} <= set(output) and not output["loss"].requires_grad
     changed = {id(p) for p, b in zip(policy.parameters(), before) if not torch.equal(p, b)}
     assert not changed & frozen_ids and changed
+
+
+def test_train_step_optimizer_is_fused_adamw_with_the_same_math():
+    policy = tiny_tdmpc()
+    reference = copy.deepcopy(policy)
+    update = TrainStep(
+        policy, policy.config, OmegaConf.create({"grad_clip_norm": 10.0, "use_amp": False}), 10
+    )
+    assert update.optimizer.defaults["fused"] is True  # on a CPU, as on CUDA
+    plain = torch.optim.AdamW(
+        reference.optimizer_param_groups(),
+        lr=policy.config.optimizer_lr,
+        betas=tuple(policy.config.optimizer_betas),
+        eps=policy.config.optimizer_eps,
+        weight_decay=policy.config.optimizer_weight_decay,
+        foreach=False,
+    )
+    for _ in range(3):
+        for p, q in zip(policy.parameters(), reference.parameters(), strict=True):
+            p.grad = torch.randn_like(p)
+            q.grad = p.grad.clone()
+        update.optimizer.step()
+        plain.step()
+    for p, q in zip(policy.parameters(), reference.parameters(), strict=True):
+        scale = q.detach().abs().max().clamp_min(policy.config.optimizer_lr)
+        assert (p - q).abs().max() <= 1e-5 * scale
+
+
+def test_lerp_ema_equals_diffusers_ema_and_shares_its_checkpoints():
+    from diffusers.training_utils import EMAModel
+
+    from lerobot.training.ema import LerpEMA
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 2))
+    net[1].bias.requires_grad_(False)  # frozen tensors are copied, as diffusers does
+    settings = {"decay": 0.9999, "use_ema_warmup": True, "power": 0.75}
+    reference, ema = EMAModel(net.parameters(), **settings), LerpEMA(net.parameters(), **settings)
+    for _ in range(20):
+        for p in net.parameters():
+            p.data.add_(torch.randn_like(p))
+        reference.step(net.parameters())
+        ema.step(net.parameters())
+    assert ema.cur_decay_value == reference.cur_decay_value
+    for s, r in zip(ema.shadow_params, reference.shadow_params, strict=True):
+        assert (s - r).abs().max() <= 1e-6 * r.abs().max()
+    resumed = LerpEMA(net.parameters(), **settings)
+    resumed.load_state_dict(reference.state_dict())
+    assert resumed.optimization_step == 20
+    assert all(torch.equal(s, r) for s, r in zip(resumed.shadow_params, reference.shadow_params, strict=True))
 
 
 def test_train_step_metrics_name_the_first_update_with_a_non_finite_loss():

@@ -55,12 +55,17 @@ def build_optimizer(
     diffusers LR schedule (warm-up, then e.g. cosine) over `total_steps` updates."""
     from diffusers.optimization import get_scheduler
 
+    # The fused kernel does AdamW's math in one pass over each tensor instead of a dozen elementwise ops
+    # (docs/benchmarks.md: 4-6x faster for the 263M-parameter image model on a CPU). torch has it for CPU
+    # and CUDA tensors; elsewhere (e.g. MPS on an older torch) the default implementation runs.
+    device_types = {p.device.type for p in policy.parameters()}
     optimizer = torch.optim.AdamW(
         policy.optimizer_param_groups(),
         lr=policy_cfg.optimizer_lr,
         betas=tuple(policy_cfg.optimizer_betas),
         eps=policy_cfg.optimizer_eps,
         weight_decay=policy_cfg.optimizer_weight_decay,
+        fused=device_types <= {"cpu", "cuda"} or None,
     )
     scheduler = get_scheduler(
         policy_cfg.scheduler_name,
@@ -173,9 +178,9 @@ class TrainStep:
         self.optimizer, self.scheduler = build_optimizer(policy, policy_cfg, total_updates)
         self.ema = None
         if policy_cfg.use_ema:
-            from diffusers.training_utils import EMAModel
+            from lerobot.training.ema import LerpEMA  # diffusers loads slowly: only when a policy uses EMA
 
-            self.ema = EMAModel(
+            self.ema = LerpEMA(
                 policy.parameters(),
                 decay=policy_cfg.ema_max_decay,
                 use_ema_warmup=True,

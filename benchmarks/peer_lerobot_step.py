@@ -1,0 +1,86 @@
+"""LeRobot's Diffusion Policy training step, timed on request: the peer side of `bench_peer.py`.
+
+Runs under a Python that has LeRobot 0.6.x installed (not this project's environment; it imports nothing
+from this project). It builds LeRobot's `DiffusionPolicy` with its PushT image setup (ResNet-18 with group norm,
+U-Net 512/1024/2048, crop 84, batch 64, 2 observation steps, horizon 16), its optimizer and LR presets, and
+then answers one line per request on stdin:
+
+    fp32 | bf16   ->  seconds of one update (forward, backward, clipping, optimizer, LR schedule)
+    quit
+
+The update is the body of LeRobot's `update_policy` (`lerobot_train.py`) without its accelerator: on a CPU
+`accelerator.autocast()` with bf16 mixed precision is `torch.autocast("cpu", dtype=torch.bfloat16)`, and
+`accelerator.backward` is `loss.backward()`. The batch is random, already normalized (LeRobot normalizes in
+its preprocessor, outside the update).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import lerobot
+
+if Path(lerobot.__file__).resolve().parents[1] == Path(__file__).resolve().parents[1]:
+    raise SystemExit("this imported the project's own `lerobot`: run with LeRobot's Python, PYTHONPATH unset")
+
+from lerobot.configs.types import FeatureType, PolicyFeature  # noqa: E402
+from lerobot.policies.diffusion.configuration_diffusion import DiffusionConfig  # noqa: E402
+from lerobot.policies.diffusion.modeling_diffusion import DiffusionPolicy  # noqa: E402
+
+BATCH, N_OBS, HORIZON = 64, 2, 16
+
+
+def main() -> None:
+    """Build the policy, print `ready <parameters>`, then serve timing requests until `quit`."""
+    torch.set_num_threads(int(sys.argv[1]) if len(sys.argv) > 1 else torch.get_num_threads())
+    config = DiffusionConfig(
+        input_features={
+            "observation.state": PolicyFeature(type=FeatureType.STATE, shape=(2,)),
+            "observation.image": PolicyFeature(type=FeatureType.VISUAL, shape=(3, 96, 96)),
+        },
+        output_features={"action": PolicyFeature(type=FeatureType.ACTION, shape=(2,))},
+        device="cpu",
+        push_to_hub=False,
+        # LeRobot's PushT setup (its hub checkpoint `lerobot/diffusion_pusht`), which differs from the
+        # class defaults; ImageNet weights (the same compute) would need a download.
+        horizon=HORIZON,
+        n_action_steps=8,
+        crop_shape=(84, 84),
+        use_group_norm=True,
+        pretrained_backbone_weights=None,
+    )
+    torch.manual_seed(0)
+    policy = DiffusionPolicy(config)
+    optimizer = config.get_optimizer_preset().build(policy.parameters())
+    scheduler = config.get_scheduler_preset().build(optimizer, num_training_steps=100_000)
+    grad_clip_norm = config.get_optimizer_preset().grad_clip_norm
+    batch = {
+        "observation.state": torch.randn(BATCH, N_OBS, 2),
+        "observation.image": torch.rand(BATCH, N_OBS, 3, 96, 96) * 2 - 1,
+        "action": torch.rand(BATCH, HORIZON, 2) * 2 - 1,
+        "action_is_pad": torch.zeros(BATCH, HORIZON, dtype=torch.bool),
+    }
+    print(f"ready {sum(p.numel() for p in policy.parameters())}", flush=True)
+    for line in sys.stdin:
+        mode = line.strip()
+        if mode == "quit":
+            break
+        start = time.perf_counter()
+        policy.train()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mode == "bf16"):
+            loss, _ = policy.forward(batch)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(policy.parameters(), grad_clip_norm)
+        optimizer.step()
+        optimizer.zero_grad()
+        scheduler.step()
+        loss.item()
+        print(time.perf_counter() - start, flush=True)
+
+
+if __name__ == "__main__":
+    main()
