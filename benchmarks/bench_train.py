@@ -1,6 +1,6 @@
 """Training step speed: ms per step, samples/s, data time vs compute time, achieved GFLOP/s; fp32 vs bf16 autocast.
 
-    cd benchmarks && python bench_train.py [--steps 4] [--rows dp_image dp_keypoints dp_keypoints_cpu tdmpc]
+    cd benchmarks && python bench_train.py [--steps 4] [--rows dp_image dp_image_cpu ...]
                                            [--threads 2] [--data-root DIR]
 
 Rows (each step exactly as the trainers do it):
@@ -8,6 +8,8 @@ Rows (each step exactly as the trainers do it):
 - `dp_keypoints`: `env=pusht_keypoints` (paper's low-dimensional U-Net, ~64M), batch 256.
 - `dp_keypoints_cpu`: the recorded CPU experiment (`+experiment=diffusion_pusht_keypoints_cpu`: U-Net
   64/128/256, batch 64), the configuration of the README's learning result.
+- `dp_image_cpu`: the CPU image experiment (`+experiment=diffusion_pusht_image_cpu`: images resized to
+  48x48 and cropped to 44x44, U-Net 64/128/256, batch 64).
 - `tdmpc`: one TD-MPC update (`policy=tdmpc env=pusht_keypoints`, batch 256, horizon 5) on the PushT
   demonstrations loaded into its replay buffer, as the online trainer's offline buffer holds them.
 
@@ -49,6 +51,7 @@ ROWS = {
     "dp_image": ["policy=diffusion", "env=pusht"],
     "dp_keypoints": ["policy=diffusion", "env=pusht_keypoints"],
     "dp_keypoints_cpu": ["+experiment=diffusion_pusht_keypoints_cpu"],
+    "dp_image_cpu": ["+experiment=diffusion_pusht_image_cpu"],
     "tdmpc": ["policy=tdmpc", "env=pusht_keypoints"],
 }
 DTYPES = ("fp32", "bf16 autocast")

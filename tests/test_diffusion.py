@@ -32,6 +32,7 @@ from lerobot.policies.diffusion.vision import (
     SpatialSoftmax,
     center_crop,
     random_crop,
+    resize,
 )
 from lerobot.policies.factory import make_policy, make_policy_config
 from lerobot.training.checkpoint import load_config
@@ -135,6 +136,8 @@ def test_delta_timestamps_and_modality_defaults():
         (dict(horizon=8, n_action_steps=8), "horizon=8 must be >= n_action_steps"),
         (dict(horizon=18, down_dims=[16, 32, 64]), "divisible by 2\\*\\*\\(len\\(down_dims\\)-1\\)=4"),
         (dict(crop_shape=[40, 28]), "does not fit in the image"),
+        (dict(resize_shape=[24, 24]), "does not fit in policy.resize_shape=\\(24, 24\\)"),
+        (dict(resize_shape=[0, 24]), "resize_shape=\\[0, 24\\] must be"),
         (dict(inference_scheduler="Euler"), "inference_scheduler='Euler'"),
         (dict(num_inference_steps=11), "num_inference_steps=11"),
         (dict(down_dims=[12, 32]), "n_groups=8 must divide"),
@@ -229,6 +232,31 @@ def test_crops_and_group_norm_encoder():
     encoder.eval()
     torch.testing.assert_close(encoder(x), encoder(x))  # center crop: deterministic
     assert encoder(x).shape == (3, encoder.feature_dim)
+
+
+def test_resize_before_crop_is_an_encoder_on_smaller_images():
+    """`resize_shape` shrinks the images (antialiased) before the crop: the encoder equals one built for
+    images of that size fed with the resized images, and a constant image stays constant."""
+    config = image_config(resize_shape=[20, 20], crop_shape=[16, 16])
+    config.validate()
+    torch.manual_seed(0)
+    encoder = RgbEncoder(config).eval()
+    small = image_config(
+        input_features={
+            "observation.image": FeatureConfig(shape=[3, 20, 20], kind="visual"),
+            "observation.state": STATE,
+        },
+        crop_shape=[16, 16],
+    )
+    reference = RgbEncoder(small).eval()
+    reference.load_state_dict(encoder.state_dict())
+    x = torch.rand(3, 3, 32, 32)
+    shrunk = resize(x, (20, 20))
+    assert shrunk.shape == (3, 3, 20, 20)
+    torch.testing.assert_close(encoder(x), reference(shrunk))
+    flat = torch.full((1, 3, 32, 32), 0.25)
+    torch.testing.assert_close(resize(flat, (20, 20)), torch.full((1, 3, 20, 20), 0.25))
+    assert resize(x, None) is x and resize(x, (32, 32)) is x
 
 
 def test_autocast_friendly_conv_matches_conv2d():

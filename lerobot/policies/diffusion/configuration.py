@@ -54,6 +54,9 @@ class DiffusionConfig(PolicyConfig):
     # Replace BatchNorm by GroupNorm (the paper's choice when training from scratch).
     use_group_norm: bool = True
     spatial_softmax_num_keypoints: int = 32
+    # Resize images to [height, width] before cropping (bilinear, antialiased); None keeps their size. A
+    # smaller input makes the encoder cheaper: the CPU image experiment halves each side.
+    resize_shape: list[int] | None = None
     # Random crop in training, center crop at evaluation; None disables cropping.
     crop_shape: list[int] | None = field(default_factory=lambda: [84, 84])
     crop_is_random: bool = True
@@ -222,14 +225,19 @@ class DiffusionConfig(PolicyConfig):
         for key, shape in images.items():
             if len(shape) != 3:
                 raise ConfigError(f"visual input {key!r} must be (C, H, W), got {shape}")
+        (shape,) = shapes
+        size, what = tuple(shape[1:]), "the image (H, W)"
+        if self.resize_shape is not None:
+            if len(self.resize_shape) != 2 or min(self.resize_shape) < 1:
+                raise ConfigError(
+                    f"policy.resize_shape={self.resize_shape} must be [height, width] (positive) or null"
+                )
+            size, what = tuple(self.resize_shape), "policy.resize_shape"
         if self.crop_shape is not None:
             if len(self.crop_shape) != 2:
                 raise ConfigError(f"policy.crop_shape={self.crop_shape} must be [height, width] or null")
-            (shape,) = shapes
-            if self.crop_shape[0] > shape[1] or self.crop_shape[1] > shape[2]:
-                raise ConfigError(
-                    f"policy.crop_shape={self.crop_shape} does not fit in the image (H, W)={tuple(shape[1:])}"
-                )
+            if self.crop_shape[0] > size[0] or self.crop_shape[1] > size[1]:
+                raise ConfigError(f"policy.crop_shape={self.crop_shape} does not fit in {what}={size}")
         if self.pretrained_backbone_weights is not None and self.use_group_norm:
             raise ConfigError(
                 "policy.use_group_norm=true would discard the pretrained BatchNorm statistics of "

@@ -63,7 +63,7 @@ from lerobot.policies.diffusion.unet import (
     TemporalConv1d,
     interleave_upsample_taps,
 )
-from lerobot.policies.diffusion.vision import RgbEncoder, center_crop
+from lerobot.policies.diffusion.vision import RgbEncoder, center_crop, resize
 
 if TYPE_CHECKING:
     from lerobot.policies.diffusion.modeling import DiffusionPolicy
@@ -424,7 +424,7 @@ class EncoderPlan:
     activations; the spatial softmax and the output layer stay fp32 (they are small)."""
 
     def __init__(self, encoder: RgbEncoder, dtype: torch.dtype):
-        self.crop_shape = encoder.crop_shape
+        self.resize_shape, self.crop_shape = encoder.resize_shape, encoder.crop_shape
         self.dtype = dtype
         self.backbone = copy.deepcopy(encoder.backbone).to(dtype=dtype, memory_format=torch.channels_last)
         self.backbone.eval().requires_grad_(False)
@@ -433,6 +433,7 @@ class EncoderPlan:
 
     def __call__(self, images: Tensor) -> Tensor:
         """`images` (N, C, H, W) normalized fp32 -> features (N, feature_dim) fp32."""
+        images = resize(images, self.resize_shape)
         if self.crop_shape is not None and images.shape[-2:] != self.crop_shape:
             images = center_crop(images, self.crop_shape)
         images = images.to(dtype=self.dtype, memory_format=torch.channels_last)

@@ -167,6 +167,14 @@ def random_crop(
     return einops.rearrange(crops, "n h w c -> n c h w")
 
 
+def resize(images: Tensor, size: tuple[int, int] | None) -> Tensor:
+    """`images` (N, C, H, W) resized to `(N, C, *size)` (bilinear, antialiased); as they are when `size` is
+    None or already their size."""
+    if size is None or tuple(images.shape[-2:]) == size:
+        return images
+    return nn.functional.interpolate(images, size=size, mode="bilinear", antialias=True, align_corners=False)
+
+
 def center_crop(images: Tensor, size: tuple[int, int]) -> Tensor:
     """Crop the center `(h, w)` of `images` (N, C, H, W)."""
     height, width = images.shape[-2:]
@@ -184,6 +192,7 @@ class RgbEncoder(nn.Module):
         super().__init__()
         (image_shape,) = {tuple(s) for s in config.image_features.values()}
         channels, height, width = image_shape
+        self.resize_shape = tuple(config.resize_shape) if config.resize_shape is not None else None
         self.crop_shape = tuple(config.crop_shape) if config.crop_shape is not None else None
         self.crop_is_random = config.crop_is_random
 
@@ -198,7 +207,7 @@ class RgbEncoder(nn.Module):
             replace_batch_norm(self.backbone)
 
         # The feature map's shape depends on the (cropped) input size; find it with one tiny forward pass.
-        in_hw = self.crop_shape or (height, width)
+        in_hw = self.crop_shape or self.resize_shape or (height, width)
         with torch.no_grad():
             feature_shape = self.backbone(torch.zeros(1, channels, *in_hw)).shape[1:]
         self.pool = SpatialSoftmax(tuple(feature_shape), config.spatial_softmax_num_keypoints)
@@ -208,6 +217,7 @@ class RgbEncoder(nn.Module):
 
     def forward(self, images: Tensor) -> Tensor:
         """`images` (N, C, H, W) -> `(N, feature_dim)`."""
+        images = resize(images, self.resize_shape)
         if self.crop_shape is not None and images.shape[-2:] != self.crop_shape:
             if self.training and self.crop_is_random:
                 images = random_crop(images, self.crop_shape, shard=current_shard())
