@@ -1,0 +1,76 @@
+"""Evaluation curves of training runs side by side: average max reward and success (with their 95%
+intervals where recorded) against hours of training or training steps.
+
+    python scripts/plot_runs.py RUN_DIR[:LABEL] ... --out curves.png [--x hours|steps]
+
+Hours of training are the run's wall time between its metric records, without the time spent evaluating
+(`eval_s`) and without gaps longer than `--gap-min` minutes (a run stopped and resumed later).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from lerobot.training.logger import METRICS_FILE, read_records
+
+
+def training_hours(records: list[dict], gap_s: float) -> list[float]:
+    """Per record of a run's metrics, the hours of training before it was written: wall time between
+    records, less evaluation time, with gaps over `gap_s` seconds (a stop before a resume) left out."""
+    total, previous, hours = 0.0, None, []
+    for record in records:
+        if previous is not None:
+            elapsed = record["time"] - previous - record.get("eval_s", 0.0)
+            if elapsed <= gap_s:
+                total += max(elapsed, 0.0)
+        previous = record["time"]
+        hours.append(total / 3600)
+    return hours
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", help="run directories, each optionally followed by :LABEL")
+    parser.add_argument("--out", type=Path, required=True, help="PNG file to write")
+    parser.add_argument("--x", choices=("hours", "steps"), default="hours")
+    parser.add_argument("--gap-min", type=float, default=30.0, help="longer gaps count as a stop")
+    args = parser.parse_args(argv)
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for spec in args.runs:
+        run_dir, _, label = spec.partition(":")
+        path = Path(run_dir) / METRICS_FILE
+        if not path.is_file():
+            raise SystemExit(f"{path} not found: pass a run directory (output_dir of a training run)")
+        records = read_records(path)
+        hours = training_hours(records, gap_s=60 * args.gap_min)
+        evals = [(h, r) for h, r in zip(hours, records, strict=True) if r["split"] == "eval"]
+        if not evals:
+            raise SystemExit(f"{path} holds no evaluation records (the run had eval.freq=0?)")
+        xs = [h if args.x == "hours" else r["step"] for h, r in evals]
+        for ax, key in zip(axes, ("avg_max_reward", "pc_success"), strict=True):
+            ys = [r[key] for _, r in evals]
+            (line,) = ax.plot(xs, ys, marker="o", label=label or Path(run_dir).name)
+            if all(f"{key}_ci95_low" in r for _, r in evals):
+                low = [r[f"{key}_ci95_low"] for _, r in evals]
+                high = [r[f"{key}_ci95_high"] for _, r in evals]
+                ax.fill_between(xs, low, high, color=line.get_color(), alpha=0.15)
+    for ax, title in zip(axes, ("eval avg max reward", "eval success (%)"), strict=True):
+        ax.set_title(title)
+        ax.set_xlabel("hours of training" if args.x == "hours" else "training steps")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(args.out, dpi=110)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
