@@ -10,7 +10,8 @@ autocast, and ours bf16 with the optimizer and EMA the trainers used before (a p
 diffusers' `EMAModel` update), so that load drift hits every column alike. The process that is not
 stepping waits on a pipe. The first round warms up and is dropped; ratios are per round, then the median.
 Only the update is timed (forward, backward, clipping, optimizer, LR schedule, and our EMA; LeRobot 0.6 keeps
-no EMA); batch assembly is outside both. Writes results/peer.json.
+no EMA); batch assembly is outside both. Writes results/peer_<cpu vendor>.json (`peer_intel.json`,
+`peer_amd.json`), so that the ratio on each kind of CPU is kept.
 """
 
 from __future__ import annotations
@@ -65,6 +66,14 @@ class Peer:
         self.proc.stdin.write("quit\n")
         self.proc.stdin.flush()
         self.proc.wait(timeout=60)
+
+
+def cpu_vendor(cpu: str) -> str:
+    """`intel`, `amd` or `other`, from a CPU model name."""
+    for vendor in ("intel", "amd"):
+        if vendor in cpu.lower():
+            return vendor
+    return "other"
 
 
 def before_step(update: TrainStep, policy) -> TrainStep:
@@ -147,7 +156,11 @@ def main(argv: list[str] | None = None) -> None:
         rows,
         ["column", "params_M", "batch", "s_per_step", "lerobot_fp32_over_this", "lerobot_bf16_over_this"],
     )
-    path = save_results("peer", rows, {"args": {**vars(args), "peer_python": str(args.peer_python)}})
+    path = save_results(
+        f"peer_{cpu_vendor(machine_info()['cpu'])}",
+        rows,
+        {"args": {**vars(args), "peer_python": str(args.peer_python)}},
+    )
     print(f"wrote {path}; machine: {machine_info()}")
 
 
