@@ -117,6 +117,10 @@ class TrainingConfig:
     resume: str = "auto"
     # bf16 autocast for the forward/backward pass (CUDA, or a CPU with AMX); the one mixed-precision switch.
     use_amp: bool = False
+    # torch.compile the training forward pass (the loss; backward follows it). The first updates compile (up
+    # to minutes); it pays where launching many small operators sets the pace, as on a GPU with the
+    # paper-size model (docs/gpu.md). Same math: a checkpoint resumes with it on or off.
+    compile: bool = False
     grad_clip_norm: float = 10.0
     # Online (TD-MPC) only: vectorized envs collecting experience, SB3-style schedule (docs/tdmpc.md).
     n_envs: int = 1

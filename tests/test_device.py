@@ -226,7 +226,7 @@ def test_diffusion_training_and_chunks_follow_the_weights(make_config, scheduler
     config = make_config(inference_scheduler=scheduler, num_inference_steps=3)
     policy = DiffusionPolicy(config, stats_for(config))
     batch, obs = train_batch(config, 3), obs_batch(config, 3)
-    training = OmegaConf.create({"grad_clip_norm": 10.0, "use_amp": False})
+    training = OmegaConf.create({"grad_clip_norm": 10.0, "use_amp": False, "compile": False})
     update = TrainStep(policy, config, training, total_updates=10)
     with default_device_trap():
         output = update(batch, where="step 1")
@@ -254,7 +254,7 @@ def test_diffusion_fast_path_fp32_follows_the_weights():
 
 def test_tdmpc_training_and_planning_follow_the_weights():
     policy = make_tdmpc().train()
-    training = OmegaConf.create({"grad_clip_norm": 10.0, "use_amp": False})
+    training = OmegaConf.create({"grad_clip_norm": 10.0, "use_amp": False, "compile": False})
     update = TrainStep(policy, policy.config, training, total_updates=10)
     obs, batch = tdmpc_observations(3), tdmpc_training_batch(4)
     with default_device_trap():

@@ -188,7 +188,10 @@ def test_train_step_uses_the_policys_parameter_groups():
     rest = [p for p in policy.parameters() if p.requires_grad and id(p) not in frozen_ids]
     policy.optimizer_param_groups = lambda: [{"params": frozen, "lr": 0.0}, {"params": rest}]
     update = TrainStep(
-        policy, policy.config, OmegaConf.create({"grad_clip_norm": 10.0, "use_amp": False}), 10
+        policy,
+        policy.config,
+        OmegaConf.create({"grad_clip_norm": 10.0, "use_amp": False, "compile": False}),
+        10,
     )
     assert [g["lr"] for g in update.optimizer.param_groups] == [0.0, policy.config.optimizer_lr]
     before = [p.detach().clone() for p in policy.parameters()]
@@ -202,7 +205,10 @@ def test_train_step_optimizer_is_fused_adamw_with_the_same_math():
     policy = tiny_tdmpc()
     reference = copy.deepcopy(policy)
     update = TrainStep(
-        policy, policy.config, OmegaConf.create({"grad_clip_norm": 10.0, "use_amp": False}), 10
+        policy,
+        policy.config,
+        OmegaConf.create({"grad_clip_norm": 10.0, "use_amp": False, "compile": False}),
+        10,
     )
     assert update.optimizer.defaults["fused"] is True  # on a CPU, as on CUDA
     plain = torch.optim.AdamW(
@@ -251,7 +257,10 @@ def test_lerp_ema_equals_diffusers_ema_and_shares_its_checkpoints():
 def test_train_step_metrics_name_the_first_update_with_a_non_finite_loss():
     policy = tiny_tdmpc()
     update = TrainStep(
-        policy, policy.config, OmegaConf.create({"grad_clip_norm": 10.0, "use_amp": False}), 10
+        policy,
+        policy.config,
+        OmegaConf.create({"grad_clip_norm": 10.0, "use_amp": False, "compile": False}),
+        10,
     )
     update(tdmpc_batch(), where="update 6")
     batch = tdmpc_batch()
@@ -277,3 +286,31 @@ def test_config_errors_stop_at_start(args, message, capsys):
     assert train_main(["policy=diffusion", *args]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1, err
+
+
+def test_compiled_train_step_makes_the_eager_updates(monkeypatch):
+    """training.compile: with inductor drawing its random numbers as eager does, the compiled step gives the
+    eager losses and weights (Diffusion Policy: noise and timesteps drawn inside the forward pass)."""
+    from test_diffusion import keypoint_config, stats_for, train_batch
+
+    from lerobot.policies.diffusion.modeling import DiffusionPolicy
+
+    monkeypatch.setattr(torch._inductor.config, "fallback_random", True)
+    torch._dynamo.reset()
+    config = keypoint_config()
+    eager, compiled = (DiffusionPolicy(config, stats_for(config)).train() for _ in range(2))
+    compiled.load_state_dict(eager.state_dict())
+    steps = [
+        TrainStep(p, config, OmegaConf.create({"grad_clip_norm": 10.0, "use_amp": False, "compile": c}), 10)
+        for p, c in ((eager, False), (compiled, True))
+    ]
+    assert steps[1].model is not compiled and steps[0].model is eager
+    for i in range(3):
+        batch = train_batch(config, batch_size=8, seed=i)
+        losses = []
+        for step in steps:
+            torch.manual_seed(i)
+            losses.append(step(batch, where=f"step {i}")["loss"])
+        assert torch.isclose(losses[1], losses[0], rtol=1e-4), (i, losses)
+    for p, q in zip(eager.parameters(), compiled.parameters(), strict=True):
+        assert (p - q).abs().max() <= 1e-4 * p.detach().abs().max().clamp_min(1e-3)

@@ -159,7 +159,8 @@ class TrainStep:
     """One gradient update of `policy`; owns the optimizer, the LR scheduler, the EMA weights and the
     update's metrics (`metrics`, a `StepMetrics`).
 
-    The loss is computed under bf16 autocast when `training.use_amp` is set; gradients are clipped to
+    The loss is computed under bf16 autocast when `training.use_amp` is set, by the compiled forward pass when
+    `training.compile` is (`torch.compile`; the policy's own modules are untouched); gradients are clipped to
     `training.grad_clip_norm`; the EMA of the weights (when the policy config sets `use_ema`) steps after the
     optimizer. Nothing here waits for the device: a non-finite loss is found when `metrics` is read (at log
     time and before a checkpoint), which names the first update that had one.
@@ -175,6 +176,8 @@ class TrainStep:
     ):
         self.policy = policy
         self.model = distributed.wrap(policy)
+        if training_cfg.compile:
+            self.model = torch.compile(self.model)
         self.optimizer, self.scheduler = build_optimizer(policy, policy_cfg, total_updates)
         self.ema = None
         if policy_cfg.use_ema:

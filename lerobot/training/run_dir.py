@@ -40,6 +40,7 @@ RESUMABLE_CHANGES = (
     "training.num_workers",
     "training.save_buffer",
     "training.use_async_envs",
+    "training.compile",
     "eval.",
     "wandb.",
     "device",
