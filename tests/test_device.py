@@ -323,7 +323,7 @@ def test_cpu_run_warning_estimates_hours_and_names_the_recipe():
     # The paper-size image model: ~4.3 s per step on a 2-core CPU, 100k steps.
     warning = cpu_run_warning(step_s=4.3, steps_left=100_000)
     assert "about 119 hours" in warning and CPU_RECIPE in warning
-    assert cpu_run_warning(step_s=0.25, steps_left=5000) is None  # the CPU recipe itself: ~21 minutes
+    assert cpu_run_warning(step_s=0.19, steps_left=24_000) is None  # the CPU recipe itself: ~1.3 hours
 
 
 def test_a_slow_cpu_run_warns_at_start_and_still_runs(tmp_path, data_args, monkeypatch, caplog):

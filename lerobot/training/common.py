@@ -94,7 +94,7 @@ def cpu_run_warning(step_s: float, steps_left: int) -> str | None:
     return (
         f"on the CPU this run takes about {hours:,.0f} hours ({step_s:.2f} s per step, {steps_left:,} steps "
         f"left); the paper-size models need a GPU ({GPU_RECIPE}). A recipe sized for a CPU: {CPU_RECIPE} "
-        "(Diffusion Policy on PushT keypoints, under an hour on 2 cores); or lower training.steps"
+        "(Diffusion Policy on PushT keypoints, about an hour on 2 cores); or lower training.steps"
     )
 
 
