@@ -300,6 +300,7 @@ def test_compiled_train_step_makes_the_eager_updates(monkeypatch):
     config = keypoint_config()
     eager, compiled = (DiffusionPolicy(config, stats_for(config)).train() for _ in range(2))
     compiled.load_state_dict(eager.state_dict())
+    start = torch.cat([p.detach().flatten() for p in eager.parameters()])
     steps = [
         TrainStep(p, config, OmegaConf.create({"grad_clip_norm": 10.0, "use_amp": False, "compile": c}), 10)
         for p, c in ((eager, False), (compiled, True))
@@ -312,5 +313,7 @@ def test_compiled_train_step_makes_the_eager_updates(monkeypatch):
             torch.manual_seed(i)
             losses.append(step(batch, where=f"step {i}")["loss"])
         assert torch.isclose(losses[1], losses[0], rtol=1e-4), (i, losses)
-    for p, q in zip(eager.parameters(), compiled.parameters(), strict=True):
-        assert (p - q).abs().max() <= 1e-4 * p.detach().abs().max().clamp_min(1e-3)
+    # Compared as a whole: Adam turns a near-zero gradient into a full step of either sign, so a single
+    # weight may differ by a step where the two sum in another order; the weights as a whole may not.
+    weights = [torch.cat([p.detach().flatten() for p in m.parameters()]) for m in (eager, compiled)]
+    assert (weights[1] - weights[0]).norm() <= 1e-2 * (weights[0] - start).norm()
