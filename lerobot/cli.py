@@ -315,6 +315,15 @@ def _with_eval_overrides(cfg: DictConfig, overrides: list[str], search_path: Seq
     return validate_config(cfg)
 
 
+def _eval_output_dir(flag: Path | None, overrides: list[str]) -> Path | None:
+    """Where an evaluation writes: `--output-dir`, or an `output_dir=` override (the key training takes,
+    so a user who types it gets what it says rather than the default directory); not both."""
+    given = [Path(o.split("=", 1)[1]) for o in overrides if o.lstrip("+").startswith("output_dir=")]
+    if given and flag is not None:
+        raise ConfigError(f"both --output-dir {flag} and output_dir={given[-1]} given: pass one")
+    return flag if flag is not None else (given[-1] if given else None)
+
+
 def _eval(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(description="Evaluate a checkpoint or a baseline policy.")
     parser.add_argument(
@@ -326,6 +335,7 @@ def _eval(argv: list[str] | None) -> int:
     _add_config_dir_argument(parser)
     parser.add_argument("overrides", nargs="*", help="e.g. eval.n_episodes=50 eval.batch_size=10 device=cpu")
     args = parser.parse_intermixed_args(argv)
+    out_dir = _eval_output_dir(args.output_dir, args.overrides)
 
     from lerobot.policies.factory import make_policy, make_policy_config
     from lerobot.policies.pretrained import check_env_features, load_weights, pretrained_dir, read_spec
@@ -357,7 +367,6 @@ def _eval(argv: list[str] | None) -> int:
         policy = make_policy(policy_cfg).to(device)
     set_seed(cfg.seed)
     env_cfg = env_config(cfg)
-    out_dir = args.output_dir
     if out_dir is None:
         now = distributed.on_main(dt.datetime.now)  # one name for all processes
         out_dir = (

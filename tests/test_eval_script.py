@@ -65,6 +65,14 @@ def test_eval_checkpoint_round_trip(tmp_path):
     assert eval_main(["--checkpoint", str(ckpt), "env=pusht"]) == 2
 
 
+def test_output_dir_override_is_where_eval_writes(tmp_path):
+    """`output_dir=` (the key training takes) works for eval too, like `--output-dir`."""
+    args = ["policy=random", "env=pusht_keypoints", "env.max_episode_steps=5", "eval.n_episodes=1"]
+    args += ["eval.batch_size=1", "eval.use_async_envs=false", "eval.max_episodes_rendered=0"]
+    assert eval_main([*args, f"output_dir={tmp_path / 'e'}"]) == 0
+    assert json.loads((tmp_path / "e" / "eval_info.json").read_text())["aggregated"]["env_steps"] == 5
+
+
 @pytest.mark.parametrize(
     "args,message",
     [
@@ -78,6 +86,7 @@ def test_eval_checkpoint_round_trip(tmp_path):
         (["policy=random", "eval.schedule=sometimes"], "eval.schedule"),
         (["--checkpoint", "/does/not/exist"], "does not exist"),
         (["policy=diffusion"], "--checkpoint"),
+        (["policy=random", "output_dir=a", "--output-dir", "b"], "pass one"),
     ],
 )
 def test_bad_input_gives_one_clear_line(args, message, capsys):
