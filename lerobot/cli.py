@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lerobot.config import CONFIG_DIR, ConfigError, env_config, validate_config
+from lerobot.constants import EVAL_INFO_FILE
 
 if TYPE_CHECKING:
     from lerobot.policies.pretrained import PretrainedSpec
@@ -378,7 +379,7 @@ def _eval(argv: list[str] | None) -> int:
     if not distributed.is_main():
         return 0
     print(json.dumps(info["aggregated"], indent=2))
-    print(f"wrote {Path(out_dir) / 'eval_info.json'} and {len(info['video_paths'])} video(s)")
+    print(f"wrote {Path(out_dir) / EVAL_INFO_FILE} and {len(info['video_paths'])} video(s)")
     return 0
 
 

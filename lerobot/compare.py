@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-EVAL_INFO_FILE = "eval_info.json"
+from lerobot.constants import EVAL_INFO_FILE
 
 
 def load_episodes(path: Path | str) -> dict[int, dict[str, Any]]:

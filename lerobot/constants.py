@@ -32,3 +32,6 @@ EVAL_SCHEDULES = ("refill", "refill_aligned", "batch")
 
 # Environment variable that points at the directory holding `pusht_cchi_v7_replay.zarr` (or the zip).
 DATA_ROOT_ENV = "LEROBOT_DATA_ROOT"
+
+# What an evaluation writes in its output directory: aggregated figures, per-episode rows and the config.
+EVAL_INFO_FILE = "eval_info.json"

@@ -15,6 +15,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from lerobot.config import ConfigError, env_config
+from lerobot.constants import EVAL_INFO_FILE
 from lerobot.envs import make_env, resolve_use_async
 from lerobot.policies.factory import inference_context
 from lerobot.policies.policy import Policy
@@ -191,7 +192,7 @@ def evaluate(cfg: DictConfig, policy: Policy, out_dir: Path, progress: bool = Fa
     info = parts[0][1] if len(parts) == 1 else merge_eval_parts(parts)
     info["config"] = OmegaConf.to_container(cfg, resolve=True)
     if main:
-        write_json(Path(out_dir) / "eval_info.json", info)
+        write_json(Path(out_dir) / EVAL_INFO_FILE, info)
     return info
 
 
