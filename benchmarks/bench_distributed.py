@@ -4,8 +4,9 @@
     cd benchmarks && torchrun --nproc_per_node 2 bench_distributed.py [--steps 30]            # 2 processes
 
 Each row is one training step exactly as the offline trainer runs it on N processes: this process's slice
-of the global batch from the real loader (`cycle_batches(shard=...)`), then `TrainStep` (forward through
-DDP under `batch_shard`, backward with DDP's gradient all-reduce, clipping, AdamW, EMA); the global batch
+of the global batch from the real loader (`cycle_batches(shard=...)`), then `TrainStep` (this process's
+rows of the global batch's random draws, forward through DDP, the loss weighed by its share of the real
+actions, backward with DDP's gradient all-reduce, clipping, AdamW, EMA); the global batch
 is the config's (64 for the CPU experiment), whatever N is. Reported (medians over `--steps` after 3
 warm-up steps, timed on the main process): step time and global samples/s; and `allreduce_ms`, an
 all-reduce of one fp32 buffer the size of the gradients, timed alone (what DDP adds per step when nothing
@@ -26,11 +27,11 @@ from pathlib import Path
 import torch
 from common import keep_previous_rows, print_table, save_results
 
+from lerobot import distributed
 from lerobot.cli import compose_config
 from lerobot.config import env_config
 from lerobot.datasets import cycle_batches, import_dataset, make_dataset
 from lerobot.policies.factory import make_policy_config
-from lerobot.training import distributed
 from lerobot.training.loop import TrainStep
 from lerobot.training.offline import make_offline_policy
 

@@ -20,12 +20,12 @@ from pathlib import Path
 from bench_envs import RecordingVectorEnv, raw_steps_per_s, replay_steps_per_s
 from common import RESULTS_DIR, keep_previous_rows, load_env, print_table, save_results
 
+from lerobot.checkpoints.run import load_run_policy, resolve_checkpoint_dir
 from lerobot.cli import checkpoint_config
 from lerobot.config import env_config
 from lerobot.envs import make_env
 from lerobot.policies.factory import make_policy, make_policy_config
 from lerobot.rollout import eval_policy
-from lerobot.training.checkpoint import load_policy, resolve_checkpoint_dir
 
 
 def eval_rate(
@@ -110,7 +110,7 @@ def diffusion_rows(checkpoint: Path, n_envs_list: list[int], episode_steps: int)
             f"env.max_episode_steps={episode_steps}",
         ]
         cfg = checkpoint_config(ckpt, overrides)
-        policy, _ = load_policy(ckpt, cfg=cfg)
+        policy, _ = load_run_policy(ckpt, cfg=cfg)
         env_cfg = env_config(cfg)
         for n_envs in n_envs_list:
             for use_async in (False, True):
@@ -124,7 +124,7 @@ def utilization_rows(checkpoint: Path, n_envs: int, n_episodes: int) -> list[dic
     """Fixed batches vs refill vs aligned refill with a policy whose episodes end at different steps."""
     ckpt = resolve_checkpoint_dir(checkpoint)
     cfg = checkpoint_config(ckpt, ["policy.inference_scheduler=DDIM", "policy.num_inference_steps=10"])
-    policy, _ = load_policy(ckpt, cfg=cfg)
+    policy, _ = load_run_policy(ckpt, cfg=cfg)
     rows = []
     for schedule in ("batch", "refill", "refill_aligned"):
         agg = eval_rate(env_config(cfg), policy, n_envs, False, n_episodes, schedule)

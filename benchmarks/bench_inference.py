@@ -12,14 +12,15 @@ DDPM 100 steps, for fp32 eager (the modules, the default) and each inference opt
   weights (`use_conv1d_layers`), i.e. fp32 eager before our matmul formulation; `speedup_vs_conv1d`
   compares every variant with it,
 
-- `bf16 autocast`: the modules under bf16 autocast (`policy.inference.dtype=bfloat16`),
-- `fast fp32` / `fast bf16`: `policy.inference.fast=true` (lerobot/policies/diffusion/fast_inference.py),
-- `fast bf16 int8`: plus `policy.inference.int8_weights=true` (int8 weights where a matmul has <= 4 rows),
-- `fast bf16 compiled`: plus `policy.inference.compile=true` (its first chunk per batch size compiles; that time
+- `bf16 autocast`: the modules under bf16 autocast (`inference.dtype=bfloat16`),
+- `fast fp32` / `fast bf16`: `inference.fast=true` (lerobot/accel/diffusion.py),
+- `fast bf16 int8`: plus `inference.int8_weights=true` (int8 weights where a matmul has <= 4 rows),
+- `fast bf16 compiled`: plus `inference.compile=true` (its first chunk per batch size compiles; that time
   is reported as `first_chunk_s` and excluded from the medians); for the image model only by default,
 - `fast bf16 int8 compiled`: both options.
 
-Every variant runs inside `fast_inference_context` (a fast variant's plan is built once, before the timing).
+Every variant runs inside its inference layer, `lerobot.accel.accelerated(policy, <its inference settings>)`
+(a fast variant's plan is built once, before the timing).
 All variants share one set of weights and run interleaved, round by round, with the same noise seed per
 round; `speedup` is the median over rounds of (fp32 eager / variant) within a round, so machine load that
 drifts between rounds cancels. DDPM 100 on the image model is not run whole: it is extrapolated from DDPM
@@ -65,16 +66,14 @@ from pathlib import Path
 
 import torch
 from common import RESULTS_DIR, load_env, machine_info, print_table, save_results
+from omegaconf import DictConfig
 from torch import nn
 from torch.nn import functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from lerobot.policies.diffusion.fast_inference import (
-    INT8_MAX_ROWS,
-    InferencePlan,
-    PreparedLinear,
-    fast_inference_context,
-)
+from lerobot.accel import accelerated
+from lerobot.accel.diffusion import INT8_MAX_ROWS, InferencePlan, PreparedLinear
+from lerobot.config import InferenceConfig
 from lerobot.policies.diffusion.modeling import DiffusionPolicy
 from lerobot.policies.diffusion.unet import TemporalConv1d, TemporalUpsample1d
 from lerobot.policies.factory import make_policy, make_policy_config
@@ -94,7 +93,7 @@ TIME_COLUMNS = [
 ]
 # The paper's layers: nn.Conv1d / nn.ConvTranspose1d on the same weights, fp32 eager (see `use_conv1d_layers`).
 CONV1D = "fp32 eager Conv1d"
-# Variant name -> its `policy.inference` section (`FastInferenceConfig` fields).
+# Variant name -> its `inference` section (`InferenceConfig` fields).
 VARIANTS = {
     "fp32 eager": {},
     CONV1D: {},
@@ -143,7 +142,7 @@ def build_policies(env_name: str, variants: list[str]) -> dict[str, DiffusionPol
     policies = {}
     for name in variants:
         # The paper's settings are the defaults of `DiffusionConfig`.
-        policy_cfg = make_policy_config({"name": "diffusion", "inference": VARIANTS[name]}, env_cfg)
+        policy_cfg = make_policy_config({"name": "diffusion"}, env_cfg)
         policy = make_policy(policy_cfg, synthetic_stats(policy_cfg))
         if policies:
             policy.load_state_dict(next(iter(policies.values())).state_dict(), assign=True)
@@ -151,12 +150,20 @@ def build_policies(env_name: str, variants: list[str]) -> dict[str, DiffusionPol
     return policies
 
 
+def variant_settings(names: list[str]) -> dict[str, InferenceConfig]:
+    """The inference settings of each `VARIANTS` entry in `names`."""
+    return {name: InferenceConfig(**VARIANTS[name]) for name in names}
+
+
 @contextlib.contextmanager
-def inference_layers(policies: dict[str, DiffusionPolicy]) -> Iterator[None]:
-    """Every policy inside its `fast_inference_context`: each variant's plan is built here, once."""
+def inference_layers(
+    policies: dict[str, DiffusionPolicy], settings: dict[str, InferenceConfig | DictConfig]
+) -> Iterator[None]:
+    """Every policy inside its inference layer with the settings of the same name: each variant's plan is
+    built here, once."""
     with contextlib.ExitStack() as stack:
-        for policy in policies.values():
-            stack.enter_context(fast_inference_context(policy))
+        for name, policy in policies.items():
+            stack.enter_context(accelerated(policy, settings[name]))
         yield
 
 
@@ -215,8 +222,9 @@ def matmul_peaks(repeats: int = 10, n: int = 2048) -> dict:
 
 def fast_step_weight_bytes(policy: DiffusionPolicy, obs: dict) -> int:
     """Bytes of weights one fast-path U-Net step reads at this batch: each matmul's bf16/fp32 weight, or its
-    int8 copy (plus scales) where the call has few enough rows to take it (`INT8_MAX_ROWS`)."""
-    unet = policy.chunk_networks.denoiser
+    int8 copy (plus scales) where the call has few enough rows to take it (`INT8_MAX_ROWS`). Inside the
+    variant's inference layer, where the plan's U-Net stands in for `policy.unet`."""
+    unet = policy.unet
     total = 0
 
     def count(layer: PreparedLinear, args: tuple) -> None:
@@ -264,7 +272,7 @@ def time_batch(policies: dict, model: str, batch: int, repeats: int, ddpm_direct
     fast_step_bytes = {
         name: fast_step_weight_bytes(policy, obs)
         for name, policy in policies.items()
-        if policy.config.inference.fast
+        if VARIANTS[name].get("fast")
     }
 
     # schedule name -> list of (scheduler, steps) chunks timed per round
@@ -468,8 +476,8 @@ DDPM100 = ["policy.inference_scheduler=DDPM", "policy.num_inference_steps=100"]
 
 
 def _inference_overrides(variant: str) -> list[str]:
-    """The command-line overrides of a `VARIANTS` entry, e.g. `policy.inference.fast=true`."""
-    return [f"policy.inference.{key}={str(value).lower()}" for key, value in VARIANTS[variant].items()]
+    """The command-line overrides of a `VARIANTS` entry, e.g. `inference.fast=true`."""
+    return [f"inference.{key}={str(value).lower()}" for key, value in VARIANTS[variant].items()]
 
 
 PARITY_RUNS = {
@@ -536,20 +544,19 @@ def parity(
     seed (`set_seed` before `eval_policy`: the policy's sampling noise); rows per (run, noise seed) and
     pooled over the noise seeds. The spread between noise seeds of one run shows what chance alone does.
     """
+    from lerobot.checkpoints.run import load_run_policy, resolve_checkpoint_dir
     from lerobot.cli import checkpoint_config
     from lerobot.config import env_config
     from lerobot.envs import make_env
     from lerobot.envs.observation import observation_to_batch
     from lerobot.rollout import eval_policy
-    from lerobot.training.checkpoint import load_policy, resolve_checkpoint_dir
-    from lerobot.training.common import set_seed
+    from lerobot.seeding import set_seed
 
     ckpt = resolve_checkpoint_dir(checkpoint)
     common = [f"eval.n_episodes={n_episodes}", f"eval.batch_size={batch}", f"eval.start_seed={start_seed}"]
-    policies = {
-        name: load_policy(ckpt, cfg=checkpoint_config(ckpt, PARITY_RUNS[name] + common))[0] for name in runs
-    }
-    with inference_layers(policies):
+    cfgs = {name: checkpoint_config(ckpt, PARITY_RUNS[name] + common) for name in runs}
+    policies = {name: load_run_policy(ckpt, cfg=cfg)[0] for name, cfg in cfgs.items()}
+    with inference_layers(policies, {name: cfg.inference for name, cfg in cfgs.items()}):
         env_cfg = env_config(checkpoint_config(ckpt, common))
         evals, per_run = [], {name: ([], []) for name in policies}
         for noise_seed in noise_seeds:
@@ -774,7 +781,7 @@ def main(argv: list[str] | None = None) -> None:
             if (v == BASELINE or v in args.variants) and (model in args.compile_models or "compiled" not in v)
         ]
         policies = build_policies(MODELS[model], variants)
-        with inference_layers(policies):
+        with inference_layers(policies, variant_settings(variants)):
             n_params = sum(p.numel() for p in policies[BASELINE].parameters())
             print(f"\n{model}: {n_params / 1e6:.1f}M parameters, load average {os.getloadavg()[0]:.1f}")
             for batch in args.batch_sizes:

@@ -211,14 +211,14 @@ def compare(args: argparse.Namespace) -> dict:
 
 def final_eval(args: argparse.Namespace) -> dict:
     """Evaluate every run's last checkpoint on more episodes; `pc_solved` = % of episodes with return > -400."""
+    from lerobot.checkpoints.run import latest_checkpoint, load_run_policy
     from lerobot.envs import make_env
     from lerobot.rollout import eval_policy
-    from lerobot.training.checkpoint import latest_checkpoint, load_policy
 
     torch.set_num_threads(args.threads)
     results = _load_section("pendulum")
     for key, run in sorted(results["runs"].items()):
-        policy, cfg = load_policy(latest_checkpoint(Path(args.work_dir) / key))
+        policy, cfg = load_run_policy(latest_checkpoint(Path(args.work_dir) / key))
         env = make_env(env_config(cfg), args.final_episodes)
         try:
             info = eval_policy(

@@ -17,8 +17,12 @@ from pathlib import Path  # noqa: E402
 import torch  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
-from lerobot.cli import CONFIG_DIR  # noqa: E402
-from lerobot.config import EnvConfig, env_config, validate_config  # noqa: E402
+from lerobot.config import (  # noqa: E402
+    CONFIG_DIR,  # noqa: E402
+    EnvConfig,
+    env_config,
+    validate_config,
+)
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 

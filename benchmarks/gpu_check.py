@@ -8,7 +8,7 @@ Sections (each one's failure is recorded in the JSON, the others still run):
   batch moved with their `to_device`; median of 3 timed steps after a warm-up, peak memory, and whether the
   steps made a host sync (`torch.cuda.set_sync_debug_mode("error")` around them).
 - `chunk_timing`: `predict_action_chunk` of the paper-size image Diffusion Policy at batch 1, 8 and 50, fp32
-  and bf16 autocast (`policy.inference.dtype=bfloat16`), the config's own sampler.
+  and bf16 autocast (`inference.dtype=bfloat16`), the config's own sampler.
 - `eval`: `evaluate` (what training and `scripts/eval.py` run) of that policy, untrained, over 50 PushT
   image episodes at 50 envs: wall time and env steps per second (its success rate means nothing).
 - `tests`: the pytest summary read from `--junit` (gpu_check.sh runs the suite first).
@@ -37,12 +37,13 @@ import torch
 from bench_inference import synthetic_stats
 from common import RESULTS_DIR, machine_info
 
+from lerobot.accel import accelerated
 from lerobot.cli import compose_config
-from lerobot.config import env_config
+from lerobot.config import InferenceConfig, env_config
 from lerobot.constants import ACTION_IS_PAD
-from lerobot.policies.diffusion.fast_inference import fast_inference_context
+from lerobot.evaluation import evaluate
 from lerobot.policies.factory import make_policy, make_policy_config
-from lerobot.training.common import evaluate, write_json
+from lerobot.runtime.atomic import write_json
 from lerobot.training.loop import TrainStep, to_device
 
 IMAGE = ["policy=diffusion", "env=pusht"]
@@ -173,8 +174,7 @@ def chunk_timing(device: torch.device, tiny: bool) -> list[dict]:
     policy.eval()
     rows = []
     for dtype in ("float32", "bfloat16"):
-        policy.config.inference.dtype = dtype
-        with fast_inference_context(policy):
+        with accelerated(policy, InferenceConfig(dtype=dtype)):
             for batch_size in BATCHES:
                 obs = {
                     k: torch.rand(batch_size, policy_cfg.n_obs_steps, *f.shape, device=device)

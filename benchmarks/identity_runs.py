@@ -123,8 +123,12 @@ def run(cmd: list[str], env: dict[str, str]) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data-root", type=Path, required=True, help="directory holding pusht_cchi_v7_replay.zarr")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--data-root", type=Path, required=True, help="directory holding pusht_cchi_v7_replay.zarr"
+    )
     parser.add_argument("--out", type=Path, required=True, help="where the runs go (emptied first)")
     args = parser.parse_args()
     shutil.rmtree(args.out, ignore_errors=True)
@@ -140,14 +144,27 @@ def main() -> None:
     run([*train, *DIFFUSION, *data, "training.steps=6", f"output_dir={diffusion}"], env)
     run([*train, *DIFFUSION, *data, "training.steps=12", f"output_dir={diffusion}"], env)
     evaluation = args.out / "diffusion_eval"
-    run([sys.executable, "scripts/eval.py", "--checkpoint", str(diffusion), "--output-dir", str(evaluation)], env)
+    run(
+        [sys.executable, "scripts/eval.py", "--checkpoint", str(diffusion), "--output-dir", str(evaluation)],
+        env,
+    )
     ddp = args.out / "ddp"
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533"]
+    torchrun = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        "29533",
+    ]
     run([*torchrun, "scripts/train.py", *DIFFUSION, *data, "training.steps=6", f"output_dir={ddp}"], env)
 
     for run_dir in (tdmpc, diffusion, ddp):
         for ckpt in sorted((run_dir / "checkpoints").glob("[0-9]*")):
-            print(f"{ckpt.relative_to(args.out)}/model.safetensors {tensors_digest(ckpt / 'model.safetensors')}")
+            print(
+                f"{ckpt.relative_to(args.out)}/model.safetensors {tensors_digest(ckpt / 'model.safetensors')}"
+            )
         print(f"{run_dir.name}/metrics.jsonl {json_digest(run_dir / 'metrics.jsonl', lines=True)}")
         for info in sorted((run_dir / "eval").glob("*/eval_info.json")):
             print(f"{info.relative_to(args.out)} {json_digest(info, lines=False)}")

@@ -10,6 +10,7 @@ resolved, including the `policy` section (validated by the chosen policy's own d
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from lerobot.constants import ACTION_KIND, ENV_STATE, EVAL_SCHEDULES, STATE, VISUAL
+from lerobot.errors import ConfigError
 
 FEATURE_KINDS = (VISUAL, STATE, ENV_STATE, ACTION_KIND)
 # `env.observation_keys` path that stands for the whole observation of an env whose observation is one
@@ -25,12 +27,8 @@ FEATURE_KINDS = (VISUAL, STATE, ENV_STATE, ACTION_KIND)
 WHOLE_OBSERVATION = "."
 # Where the YAML configs live (Hydra's primary config directory).
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
-# Values `device` accepts (resolved by `lerobot.training.common.resolve_device`).
+# Values `device` accepts (resolved by `lerobot.devices.resolve_device`).
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?|mps")
-
-
-class ConfigError(ValueError):
-    """A configuration value is wrong; the message names the key and how to fix it."""
 
 
 @dataclass
@@ -162,6 +160,49 @@ class EvalConfig:
     schedule: str = "refill_aligned"
 
 
+# What `inference.dtype` accepts (the torch dtypes of the same names).
+INFERENCE_DTYPES = ("float32", "bfloat16")
+
+
+@dataclass
+class InferenceConfig:
+    """How evaluation generates actions: an opt-in speed layer (`lerobot.accel`) for the policies registered
+    with one (Diffusion Policy); at the defaults, as the policy trains.
+
+    None of these settings changes the weights or the checkpoint; they take effect inside
+    `lerobot.accel.accelerated(policy, cfg.inference)`, which evaluation enters.
+
+    Attributes:
+        fast: generate chunks with an `InferencePlan` (`lerobot.accel.diffusion`: weights cast and prepacked
+            once, time-major matmuls, FiLM of the observations hoisted out of the denoising loop) instead of
+            the training modules.
+        dtype: "float32" or "bfloat16", what the networks compute in (the sampler stays fp32). With
+            `fast=false`, bf16 means autocast over the training modules.
+        int8_weights: (bf16 fast path on CPU) also keep the U-Net weights in int8, one scale per output
+            channel, and read them in the matmuls with at most `INT8_MAX_ROWS` (4) rows (batch 1's deepest
+            levels), which are bound by weight bytes. Changes actions slightly more than bf16 alone.
+        compile: `torch.compile` the fast path's U-Net step (inductor fuses the small operators between
+            the matmuls, which keep their prepared kernels). The first chunk compiles, and once more at the
+            second batch size seen: a graph with a dynamic batch, which then serves every batch size.
+    """
+
+    fast: bool = False
+    dtype: str = "float32"
+    int8_weights: bool = False
+    compile: bool = False
+
+    def validate(self) -> None:
+        """Raise `ConfigError` on a combination the layer cannot run."""
+        if self.dtype not in INFERENCE_DTYPES:
+            raise ConfigError(f"inference.dtype={self.dtype!r}: expected one of {INFERENCE_DTYPES}")
+        if self.compile and not self.fast:
+            raise ConfigError("inference.compile=true compiles the fast path: set inference.fast=true")
+        if self.int8_weights and not self.fast:
+            raise ConfigError("inference.int8_weights=true is a fast-path option: set inference.fast=true")
+        if self.int8_weights and self.dtype != "bfloat16":
+            raise ConfigError("inference.int8_weights=true needs inference.dtype=bfloat16")
+
+
 @dataclass
 class WandbConfig:
     """Weights & Biases logging; off by default, `mode: offline` works with no network."""
@@ -178,11 +219,14 @@ class RootConfig:
     """The whole run: env, policy, dataset, training, evaluation, logging."""
 
     env: EnvConfig = field(default_factory=EnvConfig)
-    # The chosen policy's dataclass fields (`name` picks the dataclass); filled in by `validate_config`.
+    # The chosen policy's dataclass fields (`name` picks the dataclass); filled in by
+    # `lerobot.policies.factory.validate_run_config`.
     policy: dict[str, Any] = field(default_factory=dict)
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    # How evaluation generates actions (`inference.fast=true inference.dtype=bfloat16`, see `InferenceConfig`).
+    inference: InferenceConfig = field(default_factory=InferenceConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
     seed: int = 1000
     # auto | cpu | cuda | cuda:N | mps. auto: CUDA when present, else MPS (Apple GPU), else the CPU (docs/gpu.md).
@@ -195,8 +239,8 @@ class RootConfig:
 def validate_config(cfg: DictConfig | dict) -> DictConfig:
     """Merge a composed config into the `RootConfig` schema and check values; raise `ConfigError` if bad.
 
-    Every default is filled in, the `policy` section's too (when it names a policy), so the result is the
-    complete, resolved config that checkpoints save.
+    Every default of the root sections is filled in; the `policy` section is checked and completed against its
+    registered dataclass by `lerobot.policies.factory.validate_run_config`, which calls this first.
     """
     try:
         merged = OmegaConf.merge(OmegaConf.structured(RootConfig), cfg)
@@ -228,12 +272,25 @@ def validate_config(cfg: DictConfig | dict) -> DictConfig:
         OmegaConf.update(merged, key, value)
     if not DEVICE_PATTERN.fullmatch(str(merged.device)):
         raise ConfigError(f"device={merged.device!r}: expected auto, cpu, cuda, cuda:N or mps")
-    if merged.policy:
-        # Imported here: the policy registry imports torch and the policies, which import this module.
-        from lerobot.policies.factory import resolved_policy_section
-
-        merged.policy = resolved_policy_section(merged.policy, env_config(merged))
+    if "inference" in merged.policy:  # e.g. `policy.inference.fast=true`; a checkpoint's is moved at load
+        old = merged.policy.inference
+        raise old_inference_keys_error(old if isinstance(old, DictConfig) else {})
+    OmegaConf.to_object(merged.inference).validate()
     return merged
+
+
+def old_inference_keys_error(settings: Mapping[str, Any]) -> ConfigError:
+    """The error for `settings` (`{field: value}`) given under `policy.inference`, where they were until they
+    became the run's `inference` section: it names the keys to write instead."""
+    new = " ".join(f"inference.{key}={_override_text(value)}" for key, value in settings.items())
+    return ConfigError(
+        f"policy.inference.* is now the top-level inference.* section: write {new or 'inference.*'}"
+    )
+
+
+def _override_text(value: Any) -> str:
+    """`value` as a command-line override writes it (`true`, not `True`)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 # Keys that must be positive, and those that may also be 0 (what 0 means is in the field's comment).

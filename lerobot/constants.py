@@ -21,6 +21,14 @@ FRAME_INDEX = "frame_index"
 INDEX = "index"
 TIMESTAMP = "timestamp"
 
+# A training batch's per-sample random draws, when the trainer made them (`Policy.draw_training_noise`):
+# keys starting with this prefix, e.g. Diffusion's "noise.action" (B, horizon, A).
+TRAINING_NOISE_PREFIX = "noise."
+# What a policy's training output may report besides its `loss`: the count of elements (e.g. real,
+# unpadded action values) that its loss is the mean of, a scalar tensor. The trainer weighs the losses of
+# N processes by it so that their gradients average to the global batch's.
+LOSS_COUNT = "loss_count"
+
 # Feature kinds an env or dataset declares; policies pick their inputs by kind, never by task.
 VISUAL = "visual"
 STATE = "state"

@@ -1,7 +1,8 @@
 """Batched evaluation: run a `Policy` in a gymnasium vector env and count every episode exactly.
 
-The acting path reads top to bottom in `eval_policy`:
-env -> observation -> `observation_to_batch` -> `policy.select_action` -> action -> env.
+One acting step, `act`, serves evaluation and the online trainer's data collection alike:
+env observation -> `observation_to_batch` -> `policy.select_action` -> a finite (B, action_dim) action.
+`eval_policy` is a loop around it: act, step the env, count, reset the slots whose episodes ended.
 
 Exactness rules:
 - Episode i is reset with seed `start_seed + i`, whichever slot (env index) runs it, so per-episode results
@@ -11,21 +12,21 @@ Exactness rules:
   for its next episode), and when its next episode starts the slot is reset with that episode's seed and
   the policy's history and action queue for that slot are cleared, so nothing from gymnasium's autoreset
   and no queued action of an earlier episode reaches a new one. This works for every autoreset mode.
-- Scheduling: with `schedule="refill"` a slot starts the next pending episode as soon as its episode
-  ends; with `schedule="refill_aligned"` (default) it starts it at the next step where the other slots get
-  new action chunks (at most `n_action_steps - 1` idle steps; at once when no other slot is running), so
-  one batched chunk prediction keeps serving all slots instead of one per chunk phase (plain refill
-  spreads the slots over every phase, see docs/evaluation.md); `schedule="batch"` waits until every slot
-  is done (fixed batches of `num_envs`).
+- Scheduling (one small class per name of `EVAL_SCHEDULES`, in `_SCHEDULES`, says when the slots waiting
+  for their next episode begin it): with `schedule="refill"` a slot starts the next pending episode as
+  soon as its episode ends; with `schedule="refill_aligned"` (default) it starts it at the next step where
+  the other slots get new action chunks (at most `n_action_steps - 1` idle steps; at once when no other
+  slot is running), so one batched chunk prediction keeps serving all slots instead of one per chunk phase
+  (plain refill spreads the slots over every phase, see docs/evaluation.md); `schedule="batch"` waits
+  until every slot is done (fixed batches of `num_envs`).
   All give identical per-episode results for a deterministic policy.
 """
 
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 import time
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -36,9 +37,11 @@ from gymnasium.vector import AsyncVectorEnv, SyncVectorEnv, VectorEnv
 from tqdm.auto import tqdm
 
 from lerobot.constants import EVAL_SCHEDULES
-from lerobot.envs.faults import EnvWorkerError, Watchdog, close_now, worker_call
+from lerobot.envs.faults import Watchdog, close_now, worker_call
 from lerobot.envs.observation import observation_to_batch
+from lerobot.errors import EnvWorkerError, NonFiniteActionError
 from lerobot.policies.policy import Policy
+from lerobot.runtime.atomic import atomic_write
 
 # A reset (or render) that takes longer than this means a worker hangs; fail instead of waiting forever.
 # Steps wait without a timeout unless `eval_policy(step_timeout_s=...)` asks for one (which then bounds
@@ -47,12 +50,10 @@ from lerobot.policies.policy import Policy
 ASYNC_RESET_TIMEOUT_S = 120.0
 _SLOW_HINT = "; if it is only slow, raise eval.step_timeout_s"
 
+# What the message of a non-finite action advises during evaluation.
+_EVAL_ADVICE = "Check the checkpoint (a diverged run?) and its normalization stats"
 
 _NO_SLOTS = np.zeros(0, dtype=np.int64)
-
-
-class NonFiniteActionError(ValueError):
-    """The policy returned a NaN or infinite action; it was not sent to the env."""
 
 
 def policy_device(policy: torch.nn.Module) -> torch.device:
@@ -60,6 +61,33 @@ def policy_device(policy: torch.nn.Module) -> torch.device:
     for tensor in (*policy.parameters(), *policy.buffers()):
         return tensor.device
     return torch.device("cpu")
+
+
+def act(
+    policy: Policy,
+    obs: Mapping[str, np.ndarray],
+    device: torch.device,
+    describe_slot: Callable[[int], str],
+    advice: str,
+) -> np.ndarray:
+    """One finite action per env slot, (B, action_dim), for the vector env observation `obs` {key: (B, ...)}.
+
+    `obs` is converted (`observation_to_batch`, onto `device`) only when the policy reads it: a policy that
+    keeps no history (`n_obs_steps == 1`) reads none between its chunks (`steps_until_chunk() > 0`), the
+    rule under which `Policy.select_action` takes None.
+    A NaN or infinite action raises `NonFiniteActionError` and never reaches the env. The message names the
+    first such slot as the caller's `describe_slot(slot)` puts it (e.g. "env slot 1, episode 1 (seed 101)
+    at its step 5") and ends with `advice`, what to do about it.
+    """
+    needs_obs = policy.n_obs_steps > 1 or policy.steps_until_chunk() == 0
+    action = policy.select_action(observation_to_batch(obs, device) if needs_obs else None).numpy()
+    if not np.isfinite(action).all():  # (B, action_dim) on the CPU: a few microseconds
+        slot = int(np.flatnonzero(~np.isfinite(action.reshape(action.shape[0], -1)).all(axis=1))[0])
+        raise NonFiniteActionError(
+            f"the policy returned a non-finite action {action[slot].tolist()} for {describe_slot(slot)}; "
+            f"it was not sent to the env. {advice}"
+        )
+    return action
 
 
 def _step(env: VectorEnv, action: np.ndarray, timeout_s: float | None, watchdog: Watchdog | None):
@@ -112,18 +140,24 @@ def _render(
 
 
 def _write_video(path: Path, frames: list[np.ndarray], fps: int) -> Path:
+    """Write the (H, W, 3) uint8 `frames` as the H.264 mp4 `path`, whole or not at all (`atomic_write`).
+
+    imageio's PyAV writer encodes in this process, so a failed write (a full disk) raises, at the latest in
+    `close`, which flushes the encoder and writes the file's index, and so before the rename. (imageio's
+    ffmpeg writer does not: it ignores its ffmpeg process's exit status, so a disk that fills up while the
+    index is written leaves a truncated video and no error.)
+    """
     import imageio.v2 as imageio
 
-    # A unique temporary name in the same folder, renamed when complete: no half-written video remains.
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".mp4")
-    os.close(fd)
-    try:
-        imageio.mimsave(tmp, frames, fps=fps, macro_block_size=1)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
+    def write(tmp: Path) -> None:
+        writer = imageio.get_writer(tmp, format="pyav", codec="libx264", fps=fps, is_batch=False)
+        try:
+            for frame in frames:
+                writer.append_data(frame)
+        finally:
+            writer.close()
+
+    return atomic_write(path, write)
 
 
 class _Episodes:
@@ -137,6 +171,8 @@ class _Episodes:
         self.n_episodes, self.start_seed, self.num_envs = n_episodes, start_seed, num_envs
         self.next_episode = 0  # the next episode to start
         self.n_active = 0  # slots running an episode
+        self.vector_steps = 0  # vector steps taken
+        self.busy_steps = 0  # env steps that belonged to an evaluated episode
         self.idle_seed = start_seed + n_episodes
         self.slot_episode = np.full(num_envs, -1, dtype=np.int64)  # -1 = idle
         self.slot_start = np.zeros(num_envs, dtype=np.int64)  # vector step at which the episode began
@@ -158,7 +194,7 @@ class _Episodes:
         """Whether every episode has ended."""
         return self.all_started and self.n_active == 0
 
-    def start(self, slots: np.ndarray, step: int) -> list[int | None]:
+    def start(self, slots: np.ndarray) -> list[int | None]:
         """Give `slots` the next pending episodes (idle once none is left); return per-env reset seeds."""
         seeds: list[int | None] = [None] * self.num_envs
         for slot in slots:
@@ -173,7 +209,7 @@ class _Episodes:
         self.slot_sum[slots] = 0.0
         self.slot_max[slots] = -np.inf
         self.slot_success[slots] = False
-        self.slot_start[slots] = step
+        self.slot_start[slots] = self.vector_steps
         return seeds
 
     def idle_seeds(self, slots: np.ndarray) -> list[int | None]:
@@ -188,22 +224,32 @@ class _Episodes:
         return self.idle_seed - 1
 
     def log_step(self, reward: np.ndarray, success: np.ndarray) -> None:
-        """Add one vector step's (B,) rewards and successes to every slot's running figures."""
+        """Count one vector step and add its (B,) rewards and successes to every slot's running figures."""
+        self.vector_steps += 1
+        self.busy_steps += self.n_active
         # Summed step by step in episode order: the same float result as a plain single-env loop.
         self.slot_sum += reward
         np.maximum(self.slot_max, reward, out=self.slot_max)
         self.slot_success |= success
 
-    def finish(self, slots: np.ndarray, step: int) -> np.ndarray:
-        """Record the episodes that `slots` just ended at vector step `step`; return their indices."""
+    def finish(self, slots: np.ndarray) -> np.ndarray:
+        """Record the episodes that `slots` ended at the step just taken; return their indices."""
         episodes = self.slot_episode[slots]
         self.sum_reward[episodes] = self.slot_sum[slots]
         self.max_reward[episodes] = self.slot_max[slots]
         self.success[episodes] = self.slot_success[slots]
-        self.n_steps[episodes] = step - self.slot_start[slots]
+        self.n_steps[episodes] = self.vector_steps - self.slot_start[slots]
         self.slot_episode[slots] = -1
         self.n_active -= len(slots)
         return episodes
+
+    def describe_slot(self, slot: int) -> str:
+        """`slot` and what it runs at the step about to be taken, for error messages."""
+        episode = int(self.slot_episode[slot])
+        if episode < 0:
+            return f"env slot {slot}, an idle slot at vector step {self.vector_steps + 1}"
+        step = self.vector_steps - self.slot_start[slot] + 1
+        return f"env slot {slot}, episode {episode} (seed {self.start_seed + episode}) at its step {step}"
 
     def per_episode(self) -> list[dict[str, Any]]:
         """One row per episode, in episode order."""
@@ -218,6 +264,34 @@ class _Episodes:
             }
             for i in range(self.n_episodes)
         ]
+
+
+class _Refill:
+    """A slot begins the next pending episode as soon as its episode ends."""
+
+    def begin_now(self, episodes: _Episodes, policy: Policy) -> bool:
+        """Whether the slots waiting for their next episode begin it now."""
+        return True
+
+
+class _RefillAligned:
+    """A slot begins the next pending episode at the next step where the running slots get new chunks (at
+    once when none runs), so that one batched chunk prediction serves every slot."""
+
+    def begin_now(self, episodes: _Episodes, policy: Policy) -> bool:
+        """Whether the slots waiting for their next episode begin it now."""
+        return episodes.n_active == 0 or policy.steps_until_chunk() == 0
+
+
+class _Batch:
+    """Fixed batches: the slots begin their next episodes together, once every slot's episode has ended."""
+
+    def begin_now(self, episodes: _Episodes, policy: Policy) -> bool:
+        """Whether the slots waiting for their next episode begin it now."""
+        return episodes.n_active == 0
+
+
+_SCHEDULES = {"refill": _Refill(), "refill_aligned": _RefillAligned(), "batch": _Batch()}
 
 
 class _Videos:
@@ -272,6 +346,34 @@ class _Videos:
         return paths
 
 
+def _reset_slots(
+    env: VectorEnv,
+    policy: Policy,
+    episodes: _Episodes,
+    videos: _Videos,
+    begin: np.ndarray,
+    idle: np.ndarray,
+    timeout_s: float,
+    watchdog: Watchdog | None,
+) -> Any:
+    """One env reset: `begin` slots start their next episodes (fresh policy state, recording), `idle` slots
+    filler episodes; return the new observation.
+
+    An idle slot keeps its policy state, so its queue keeps the other slots' chunk phase.
+    """
+    seeds = episodes.start(begin)
+    for slot, seed in enumerate(episodes.idle_seeds(idle)):
+        if seed is not None:
+            seeds[slot] = seed
+    slots = np.union1d(begin, idle)
+    mask = None if slots.size == env.num_envs else _mask(env.num_envs, slots)
+    obs, _ = _reset(env, seeds, mask, timeout_s, watchdog)
+    if begin.size:
+        policy.reset(begin)
+        videos.start(episodes, begin)
+    return obs
+
+
 @torch.no_grad()
 def eval_policy(
     env: VectorEnv,
@@ -303,8 +405,8 @@ def eval_policy(
         raise ValueError(f"n_episodes={n_episodes} must be > 0")
     if schedule not in EVAL_SCHEDULES:
         raise ValueError(f"schedule={schedule!r}: expected one of {EVAL_SCHEDULES}")
-    num_envs = env.num_envs
-    device = policy_device(policy)
+    begin_now = _SCHEDULES[schedule].begin_now
+    num_envs, device = env.num_envs, policy_device(policy)
     policy.eval()
     policy.reset()
     episodes = _Episodes(n_episodes, start_seed, num_envs)
@@ -313,38 +415,18 @@ def eval_policy(
     videos = _Videos(env, videos_dir, max_episodes_rendered, call_timeout_s, watchdog)
 
     def reset(begin: np.ndarray, idle: np.ndarray = _NO_SLOTS) -> Any:
-        """One reset: `begin` slots start their next episodes (fresh policy state), `idle` slots filler
-        episodes. An idle slot keeps its policy state, so its queue keeps the other slots' chunk phase."""
-        seeds = episodes.start(begin, vector_step)
-        for slot, seed in enumerate(episodes.idle_seeds(idle)):
-            if seed is not None:
-                seeds[slot] = seed
-        slots = np.union1d(begin, idle)
-        mask = None if slots.size == num_envs else _mask(num_envs, slots)
-        new_obs, _ = _reset(env, seeds, mask, call_timeout_s, watchdog)
-        if begin.size:
-            policy.reset(begin)
-            videos.start(episodes, begin)
-        return new_obs
+        return _reset_slots(env, policy, episodes, videos, begin, idle, call_timeout_s, watchdog)
 
-    vector_step = busy_steps = 0
-    waiting = _NO_SLOTS  # refill_aligned: slots that start at the next chunk step
+    waiting = _NO_SLOTS  # slots whose episode ended, idle until the schedule lets them begin the next
     start_time = time.perf_counter()
     bar = tqdm(total=n_episodes, desc="eval episodes", disable=not progress, leave=False)
     try:
         obs = reset(np.arange(num_envs))
         while not episodes.done:
-            if waiting.size and (episodes.n_active == 0 or policy.steps_until_chunk() == 0):
+            if waiting.size and begin_now(episodes, policy):
                 obs, waiting = reset(waiting), _NO_SLOTS
-            # Between chunks a policy that keeps no history reads no observation: skip converting it
-            # (the rule `Policy.select_action` checks for a None batch).
-            needs_obs = policy.n_obs_steps > 1 or policy.steps_until_chunk() == 0
-            action = policy.select_action(observation_to_batch(obs, device) if needs_obs else None).numpy()
-            if not np.isfinite(action).all():  # (B, action_dim) on the CPU: a few microseconds
-                raise NonFiniteActionError(_non_finite_message(action, episodes, vector_step))
+            action = act(policy, obs, device, episodes.describe_slot, _EVAL_ADVICE)
             obs, reward, terminated, truncated, info = _step(env, action, step_timeout_s, watchdog)
-            vector_step += 1
-            busy_steps += episodes.n_active
             episodes.log_step(reward, _success(info, num_envs))
             if videos.frames:
                 videos.capture(episodes, np.flatnonzero(episodes.slot_episode >= 0))
@@ -356,25 +438,16 @@ def eval_policy(
             # slot cannot step again before a reset, so every ended slot is reset below.
             finished = ended[episodes.slot_episode[ended] >= 0]
             if finished.size:
-                videos.finish(episodes.finish(finished, vector_step))
+                videos.finish(episodes.finish(finished))
                 bar.update(finished.size)
                 if episodes.done:
                     break
-            # When the finished slots start their next episode (see the module docstring).
-            if finished.size and (
-                schedule == "refill"
-                or (
-                    schedule == "refill_aligned"
-                    and (episodes.n_active == 0 or policy.steps_until_chunk() == 0)
-                )
-            ):
+            if finished.size and begin_now(episodes, policy):
                 begin = np.union1d(finished, waiting)
                 obs, waiting = reset(begin, np.setdiff1d(ended, begin)), _NO_SLOTS
-            elif finished.size and schedule == "batch" and episodes.n_active == 0:
-                obs = reset(np.arange(num_envs))
-            else:
-                obs = reset(_NO_SLOTS, ended)  # idle until then
-                if schedule == "refill_aligned" and not episodes.all_started:
+            else:  # idle until the schedule lets them begin (with no episode left: for good)
+                obs = reset(_NO_SLOTS, ended)
+                if not episodes.all_started:
                     waiting = np.union1d(waiting, finished)
     except (EnvWorkerError, KeyboardInterrupt):
         # A dead, stopped or interrupted worker never answers gymnasium's close(), which would wait on it
@@ -388,7 +461,8 @@ def eval_policy(
     video_paths = videos.close()
     eval_s = time.perf_counter() - start_time
     per_episode = episodes.per_episode()
-    aggregated = aggregate_episodes(per_episode, eval_s, busy_steps, slot_steps=vector_step * num_envs)
+    slot_steps = episodes.vector_steps * num_envs
+    aggregated = aggregate_episodes(per_episode, eval_s, episodes.busy_steps, slot_steps)
     return {"per_episode": per_episode, "aggregated": aggregated, "video_paths": video_paths}
 
 
@@ -433,22 +507,6 @@ def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, flo
     center = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
     return max(0.0, center - half), min(1.0, center + half)
-
-
-def _non_finite_message(action: np.ndarray, episodes: _Episodes, vector_step: int) -> str:
-    """Name the first env slot whose (action_dim,) action in the (B, action_dim) `action` is not finite."""
-    slot = int(np.flatnonzero(~np.isfinite(action.reshape(action.shape[0], -1)).all(axis=1))[0])
-    episode = int(episodes.slot_episode[slot])
-    where = (
-        f"episode {episode} (seed {episodes.start_seed + episode}) at its step "
-        f"{vector_step - episodes.slot_start[slot] + 1}"
-        if episode >= 0
-        else f"an idle slot at vector step {vector_step + 1}"
-    )
-    return (
-        f"the policy returned a non-finite action {action[slot].tolist()} for env slot {slot}, {where}; "
-        "it was not sent to the env. Check the checkpoint (a diverged run?) and its normalization stats"
-    )
 
 
 def _mask(num_envs: int, slots: np.ndarray) -> np.ndarray:

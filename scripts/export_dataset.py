@@ -2,7 +2,7 @@
 
 import sys
 
-from lerobot.datasets.lerobot_export import export_main
+from lerobot.cli import export_main
 
 if __name__ == "__main__":
     sys.exit(export_main())

@@ -5,9 +5,10 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from lerobot.cli import CONFIG_DIR, compose_config
-from lerobot.config import ConfigError, env_config, validate_config
+from lerobot.cli import compose_config
+from lerobot.config import CONFIG_DIR, env_config, validate_config
 from lerobot.constants import OBS_STATE
+from lerobot.errors import ConfigError
 from lerobot.policies.factory import make_policy, make_policy_config
 
 

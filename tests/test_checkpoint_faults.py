@@ -22,23 +22,21 @@ from safetensors.torch import load_file
 from test_diffusion import stats_for
 from test_train import TINY, TINY_IMAGE, data_args  # noqa: F401 (data_args: a pytest fixture)
 
-import lerobot.training.checkpoint as checkpoint
-from lerobot.cli import compose_config, eval_main, train_main
-from lerobot.config import env_config
-from lerobot.policies.factory import make_policy, make_policy_config
-from lerobot.policies.policy import Policy
-from lerobot.training.checkpoint import (
+import lerobot.checkpoints.run as checkpoint
+from lerobot.checkpoints.run import (
     MODEL_FILE,
     TRAINING_STATE_FILE,
-    CheckpointError,
-    NonFiniteWeightsError,
     checkpoint_dir,
     latest_checkpoint,
     load_training_state,
     save_checkpoint,
 )
+from lerobot.cli import compose_config, eval_main, train_main
+from lerobot.config import env_config
+from lerobot.errors import CheckpointError, NonFiniteWeightsError, RunDirError
+from lerobot.policies.factory import make_policy, make_policy_config
+from lerobot.policies.policy import Policy
 from lerobot.training.common import setup_run
-from lerobot.training.run_dir import RunDirError
 
 REPO = Path(__file__).resolve().parents[1]
 KEYPOINTS = [*TINY, "env=pusht_keypoints"]

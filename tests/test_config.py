@@ -6,10 +6,11 @@ from dataclasses import MISSING, fields
 import pytest
 from omegaconf import OmegaConf
 
-from lerobot.cli import CONFIG_DIR, compose_config
-from lerobot.config import ConfigError, EnvConfig, EvalConfig, RootConfig, TrainingConfig, env_config
+from lerobot.checkpoints.run import CONFIG_FILE, load_config, save_checkpoint
+from lerobot.cli import compose_config
+from lerobot.config import CONFIG_DIR, EnvConfig, EvalConfig, RootConfig, TrainingConfig, env_config
+from lerobot.errors import ConfigError
 from lerobot.policies.factory import available_policies, make_policy, make_policy_config, policy_config_class
-from lerobot.training.checkpoint import CONFIG_FILE, load_config, save_checkpoint
 
 FEATURE_FIELDS = {"input_features", "output_features"}
 

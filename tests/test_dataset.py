@@ -13,12 +13,9 @@ import pytest
 import torch
 import zarr
 
-from lerobot.config import ConfigError, DatasetConfig, EnvConfig, FeatureConfig
+from lerobot.config import DatasetConfig, EnvConfig, FeatureConfig
 from lerobot.constants import DATA_ROOT_ENV
 from lerobot.datasets import (
-    DatasetError,
-    DatasetNotFoundError,
-    DeltaTimestampsError,
     EpisodeDataset,
     StepBatchSampler,
     block_keypoints,
@@ -33,6 +30,7 @@ from lerobot.datasets import (
     split_episodes,
 )
 from lerobot.datasets.format import META_FILE
+from lerobot.errors import ConfigError, DatasetError, DatasetNotFoundError, DeltaTimestampsError
 
 LENGTHS = [3, 5, 4, 6]  # 18 frames in 4 episodes
 H = W = 8

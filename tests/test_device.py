@@ -31,12 +31,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import lerobot.training.offline as offline
 import lerobot.training.online as online
+from lerobot.accel import accelerated
 from lerobot.cli import compose_config, train_main
-from lerobot.config import ConfigError, env_config
-from lerobot.policies.diffusion.fast_inference import FastInferenceConfig, fast_inference_context
+from lerobot.config import InferenceConfig, env_config
+from lerobot.devices import resolve_device
+from lerobot.errors import ConfigError
 from lerobot.policies.diffusion.modeling import DiffusionPolicy
 from lerobot.policies.factory import make_policy, make_policy_config
-from lerobot.training.common import CPU_RECIPE, cpu_run_warning, resolve_device
+from lerobot.training.common import CPU_RECIPE, cpu_run_warning
 from lerobot.training.loop import StepMetrics, TrainingLoop, TrainStep
 from lerobot.training.replay_buffer import ReplayBuffer
 
@@ -244,10 +246,9 @@ def test_diffusion_training_and_chunks_follow_the_weights(make_config, scheduler
 def test_diffusion_fast_path_fp32_follows_the_weights():
     """The fp32 inference plan (built at the entry of the context) puts nothing on the default device."""
     config = image_config(inference_scheduler="DDIM", num_inference_steps=3)
-    config.inference = FastInferenceConfig(fast=True)
     policy = DiffusionPolicy(config, stats_for(config)).eval()
     obs = obs_batch(config, 2)
-    with default_device_trap(), fast_inference_context(policy):
+    with default_device_trap(), accelerated(policy, InferenceConfig(fast=True)):
         chunk = policy.predict_action_chunk(obs, generator=torch.Generator().manual_seed(0))
     assert_on_cpu(chunk)
 
@@ -288,7 +289,7 @@ def test_device_auto_is_the_default_and_resolves_to_what_is_here(caplog):
     cfg = compose_config(["policy=diffusion", "env=pusht_keypoints"])
     assert cfg.device == "auto"
     expected = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
-    with caplog.at_level(logging.INFO, logger="lerobot.training.common"):
+    with caplog.at_level(logging.INFO, logger="lerobot.devices"):
         assert resolve_device("auto").type == expected
     assert f"device: {expected}" in caplog.text
     assert resolve_device("cpu") == torch.device("cpu")

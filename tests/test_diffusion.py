@@ -11,20 +11,29 @@ from omegaconf import OmegaConf
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from lerobot.cli import compose_config
-from lerobot.config import ConfigError, EnvConfig, FeatureConfig, env_config
-from lerobot.policies.diffusion import fast_inference
-from lerobot.policies.diffusion.configuration import DiffusionConfig
-from lerobot.policies.diffusion.fast_inference import (
+from lerobot.accel import accelerated
+from lerobot.accel import diffusion as accel_diffusion
+from lerobot.accel.diffusion import (
     INT8_MAX_ROWS,
-    FastInferenceConfig,
     PreparedLinear,
+    UnetPlan,
     _TimeConv,
     _Upsample,
-    fast_inference_context,
     quantize_int8,
 )
-from lerobot.policies.diffusion.modeling import ChunkNetworks, DiffusionPolicy, edge_pad_actions
+from lerobot.checkpoints.run import load_config
+from lerobot.cli import compose_config
+from lerobot.config import EnvConfig, FeatureConfig, InferenceConfig, env_config
+from lerobot.constants import LOSS_COUNT
+from lerobot.errors import ConfigError
+from lerobot.policies.diffusion.configuration import DiffusionConfig
+from lerobot.policies.diffusion.modeling import (
+    ACTION_NOISE,
+    CROP_OFFSETS,
+    TIMESTEPS,
+    DiffusionPolicy,
+    edge_pad_actions,
+)
 from lerobot.policies.diffusion.unet import ConditionalUnet1D, TemporalConv1d, TemporalUpsample1d
 from lerobot.policies.diffusion.vision import (
     AutocastFriendlyConv2d,
@@ -34,8 +43,7 @@ from lerobot.policies.diffusion.vision import (
     random_crop,
     resize,
 )
-from lerobot.policies.factory import make_policy, make_policy_config
-from lerobot.training.checkpoint import load_config
+from lerobot.policies.factory import make_policy, make_policy_config, validate_run_config
 
 STATE = FeatureConfig(shape=[2], kind="state", low=[0.0, 0.0], high=[512.0, 512.0])
 ACTION = FeatureConfig(shape=[2], kind="action", low=[0.0, 0.0], high=[512.0, 512.0])
@@ -380,8 +388,7 @@ def test_bf16_autocast_stays_close_to_fp32():
     policy = DiffusionPolicy(config, stats_for(config)).eval()
     obs = obs_batch(config, 4)
     fp32 = policy.predict_action_chunk(obs, generator=torch.Generator().manual_seed(0))
-    policy.config.inference.dtype = "bfloat16"
-    with fast_inference_context(policy):
+    with accelerated(policy, InferenceConfig(dtype="bfloat16")):
         bf16 = policy.predict_action_chunk(obs, generator=torch.Generator().manual_seed(0))
     assert bf16.dtype == torch.float32
     # bf16 keeps ~3 significant digits; in [0, 512] pixel units a few pixels of drift is the expected scale.
@@ -419,6 +426,52 @@ def test_loss_ignores_padded_actions():
     # Fully padded samples contribute nothing; an all-padded batch does not divide by zero.
     all_pad = dict(batch, action_is_pad=torch.ones_like(batch["action_is_pad"]))
     assert loss(all_pad) == 0.0
+
+
+def test_training_draws_come_from_the_batch_or_are_drawn_as_forward_draws_them():
+    config = image_config()
+    policy = DiffusionPolicy(config, stats_for(config)).train()
+    batch = train_batch(config, 3)
+    torch.manual_seed(0)
+    draws = policy.draw_training_noise(3)
+    assert draws[CROP_OFFSETS].shape == (3, config.n_obs_steps, 1, 2)
+    assert draws[ACTION_NOISE].shape == (3, config.horizon, config.action_dim)
+    assert draws[TIMESTEPS].shape == (3,)
+    # A batch without draws: forward makes the same draws itself, in the same order.
+    torch.manual_seed(0)
+    own = policy(batch)["loss"]
+    assert torch.equal(policy({**batch, **draws})["loss"], own)
+    # Given draws are the ones used: other noise, another loss.
+    other = {**draws, ACTION_NOISE: torch.randn_like(draws[ACTION_NOISE])}
+    assert not torch.equal(policy({**batch, **other})["loss"], own)
+    # Evaluation crops centrally: no crop offsets to draw.
+    assert CROP_OFFSETS not in policy.eval().draw_training_noise(3)
+
+
+def test_shards_weighed_by_their_counts_give_the_global_loss_and_gradient():
+    # What the trainer does on 2 processes: each shard's loss is the plain masked mean over its own real
+    # actions; weighed by `count * 2 / global count` they average to the global batch's loss and gradient.
+    config = keypoint_config()
+    policy = DiffusionPolicy(config, stats_for(config))
+    batch = train_batch(config, 8)
+    batch["action_is_pad"][1, 3:] = True  # the shards hold different counts of real actions
+    batch["action_is_pad"][6, 6:] = True
+    batch["action_is_pad"][7, 2:] = True
+    batch = {**batch, **policy.draw_training_noise(8)}
+    params = [p for p in policy.parameters() if p.requires_grad]
+
+    whole = policy(batch)
+    assert whole[LOSS_COUNT] == (~batch["action_is_pad"]).sum() * config.action_dim
+    whole_grads = torch.autograd.grad(whole["loss"], params)
+    shards = [policy({k: v[i * 4 : (i + 1) * 4] for k, v in batch.items()}) for i in range(2)]
+    total = sum(shard[LOSS_COUNT] for shard in shards)
+    assert total == whole[LOSS_COUNT]
+    weighed = [shard["loss"] * shard[LOSS_COUNT] * 2 / total for shard in shards]
+    torch.testing.assert_close(sum(weighed) / 2, whole["loss"], rtol=1e-6, atol=0)
+    shard_grads = [torch.autograd.grad(loss, params) for loss in weighed]
+    for g_whole, g_first, g_second in zip(whole_grads, *shard_grads):
+        scale = g_whole.abs().max().clamp_min(1e-12)  # float rounding, relative to the tensor's size
+        torch.testing.assert_close((g_first + g_second) / 2 / scale, g_whole / scale, rtol=0, atol=1e-5)
 
 
 # ---------------------------------------------------------------------- checkpoints
@@ -526,9 +579,8 @@ def chunk_of(policy: DiffusionPolicy, obs: dict[str, Tensor], seed: int = 0) -> 
 
 
 def layer_chunk(policy: DiffusionPolicy, obs: dict[str, Tensor], **options) -> Tensor:
-    """A chunk generated inside `fast_inference_context` with `policy.config.inference` set to `options`."""
-    policy.config.inference = FastInferenceConfig(**options)
-    with fast_inference_context(policy):
+    """A chunk generated inside the policy's inference layer, with the settings `options` (`InferenceConfig`)."""
+    with accelerated(policy, InferenceConfig(**options)):
         return chunk_of(policy, obs)
 
 
@@ -638,16 +690,17 @@ def test_fast_inference_context_uses_the_weights_at_its_entry(tmp_path):
     config = keypoint_config(inference_scheduler="DDIM", num_inference_steps=3)
     policy = _perturbed(DiffusionPolicy(config, stats_for(config)))
     obs = obs_batch(config, 2)
-    plain = chunk_of(policy, obs)
-    with fast_inference_context(policy):  # the defaults: the modules, as they are
-        assert policy.chunk_networks is None
+    plain, unet = chunk_of(policy, obs), policy.unet
+    with accelerated(policy):  # the defaults: the modules, as they are
+        assert policy.unet is unet
         assert torch.equal(chunk_of(policy, obs), plain)
 
-    policy.config.inference = FastInferenceConfig(fast=True)
-    with fast_inference_context(policy):
-        assert policy.chunk_networks is not None
+    fast = InferenceConfig(fast=True)
+    with accelerated(policy, fast):
+        assert isinstance(policy.unet, UnetPlan)
+        assert dict(policy.named_children())["unet"] is unet  # a stand-in, not a submodule
         first = chunk_of(policy, obs)
-    assert policy.chunk_networks is None and torch.equal(chunk_of(policy, obs), plain)
+    assert policy.unet is unet and torch.equal(chunk_of(policy, obs), plain)
     torch.testing.assert_close(first, plain, atol=FP32_ATOL, rtol=0)
 
     # An optimizer step between two evaluations: the next `with` runs the new weights.
@@ -656,7 +709,7 @@ def test_fast_inference_context_uses_the_weights_at_its_entry(tmp_path):
     policy(train_batch(config, 4))["loss"].backward()
     optimizer.step()
     policy.eval()
-    with fast_inference_context(policy):
+    with accelerated(policy, fast):
         after_step = chunk_of(policy, obs)
     assert not torch.allclose(after_step, first)
     torch.testing.assert_close(after_step, chunk_of(policy, obs), atol=FP32_ATOL, rtol=0)
@@ -665,20 +718,29 @@ def test_fast_inference_context_uses_the_weights_at_its_entry(tmp_path):
     save_file(policy.state_dict(), tmp_path / "model.safetensors")
     other = _perturbed(DiffusionPolicy(replace(config), stats_for(config)))
     other.load_state_dict(load_file(tmp_path / "model.safetensors"))
-    with fast_inference_context(other):
+    with accelerated(other, fast):
         torch.testing.assert_close(chunk_of(other, obs), after_step, atol=1e-4, rtol=0)
 
     # An error inside the `with` still gives the plain model back.
-    with pytest.raises(RuntimeError, match="boom"), fast_inference_context(policy):
+    with pytest.raises(RuntimeError, match="boom"), accelerated(policy, fast):
         raise RuntimeError("boom")
-    assert policy.chunk_networks is None
+    assert policy.unet is unet
+    # One layer at a time: a second one inside the first would build its plan from the first one's.
+    inner = accelerated(policy, InferenceConfig(dtype="bfloat16"))
+    with (
+        accelerated(policy, fast),
+        pytest.raises(RuntimeError, match="already inside an inference layer"),
+        inner,
+    ):
+        pass
+    assert policy.unet is unet and not {"unet", "sample_actions"} & vars(policy).keys()
 
 
 def test_inference_options_leave_the_state_dict_alone():
-    config = image_config(inference=FastInferenceConfig(fast=True, dtype="bfloat16"))
+    config = image_config()
     policy = DiffusionPolicy(config, stats_for(config)).eval()
     before = {k: v.clone() for k, v in policy.state_dict().items()}
-    with fast_inference_context(policy):
+    with accelerated(policy, InferenceConfig(fast=True, dtype="bfloat16")):
         policy.predict_action_chunk(obs_batch(config, 1))
         inside = policy.state_dict()
     for state in (inside, policy.state_dict()):
@@ -687,9 +749,10 @@ def test_inference_options_leave_the_state_dict_alone():
     assert all(p.dtype == torch.float32 for p in policy.parameters())
 
 
-def _plan_tensors(networks: ChunkNetworks) -> list[Tensor]:
-    """Every tensor the plan behind `networks` holds: parameters, buffers, prepacked weights, caches."""
-    unet, encoder = networks.denoiser, networks.encoder
+def _plan_tensors(policy: DiffusionPolicy) -> list[Tensor]:
+    """Every tensor the plan standing in for the networks of `policy` holds (inside the fast path's `with`):
+    parameters, buffers, prepacked weights, caches."""
+    unet, encoder = policy.unet, policy.rgb_encoder if policy.image_keys else None
     modules = [*unet.modules()]
     if encoder is not None:
         modules += [*encoder.backbone.modules(), *encoder.pool.modules(), *encoder.out.modules()]
@@ -705,15 +768,15 @@ def test_plan_lives_on_the_device_of_the_weights(make_config):
     """Built and run with another default device (`meta` stands in for a GPU), the plan of CPU weights
     puts nothing on the default device: every tensor follows the weights, and the chunk is still right."""
     config = make_config(inference_scheduler="DDIM", num_inference_steps=3)
-    config.inference = FastInferenceConfig(fast=True, dtype="bfloat16", int8_weights=True)
+    options = InferenceConfig(fast=True, dtype="bfloat16", int8_weights=True)
     policy = _perturbed(DiffusionPolicy(config, stats_for(config)))
     obs = obs_batch(config, 1)
-    expected = layer_chunk(policy, obs, **vars(config.inference))
+    expected = layer_chunk(policy, obs, **vars(options))
     torch.set_default_device("meta")
     try:
-        with fast_inference_context(policy):
+        with accelerated(policy, options):
             chunk = chunk_of(policy, obs)
-            plan_tensors = _plan_tensors(policy.chunk_networks)
+            plan_tensors = _plan_tensors(policy)
     finally:
         torch.set_default_device(None)
     assert {t.device for t in plan_tensors} == {torch.device("cpu")}
@@ -723,15 +786,38 @@ def test_plan_lives_on_the_device_of_the_weights(make_config):
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        (dict(dtype="float16"), "policy.inference.dtype='float16'"),
-        (dict(compile=True), "compiles the fast path: set policy.inference.fast=true"),
-        (dict(int8_weights=True, dtype="bfloat16"), "fast-path option: set policy.inference.fast=true"),
-        (dict(int8_weights=True, fast=True), "int8_weights=true needs policy.inference.dtype=bfloat16"),
+        (dict(dtype="float16"), "inference.dtype='float16'"),
+        (dict(compile=True), "compiles the fast path: set inference.fast=true"),
+        (dict(int8_weights=True, dtype="bfloat16"), "fast-path option: set inference.fast=true"),
+        (dict(int8_weights=True, fast=True), "int8_weights=true needs inference.dtype=bfloat16"),
     ],
 )
 def test_inference_config_errors(options, message):
     with pytest.raises(ConfigError, match=message):
-        image_config(inference=FastInferenceConfig(**options)).validate()
+        InferenceConfig(**options).validate()
+    overrides = [f"inference.{key}={str(value).lower()}" for key, value in options.items()]
+    with pytest.raises(ConfigError, match=message):  # at start-up
+        compose_config(["policy=diffusion", "env=pusht_keypoints", *overrides])
+
+
+def test_inference_settings_are_a_section_of_the_run():
+    """`inference.*` is the run's; the old `policy.inference.*` gets one line naming the new key, and a policy
+    without an inference layer refuses settings other than the defaults."""
+    cfg = compose_config(["policy=diffusion", "env=pusht_keypoints", "inference.fast=true"])
+    assert OmegaConf.to_object(cfg.inference) == InferenceConfig(fast=True) and "inference" not in cfg.policy
+    for old in (
+        ["policy.inference.fast=true"],
+        ["+policy.inference.fast=true", "policy.inference.compile=true"],
+    ):
+        with pytest.raises(ConfigError, match=r"write inference\.fast=true"):
+            compose_config(["policy=diffusion", "env=pusht_keypoints", *old])
+    # An evaluation's overrides merge into a (plain copy of a) checkpoint's config without Hydra: the same line.
+    plain = OmegaConf.create(OmegaConf.to_container(cfg))
+    override = OmegaConf.from_dotlist(["policy.inference.dtype=bfloat16"])
+    with pytest.raises(ConfigError, match=r"write inference\.dtype=bfloat16$"):
+        validate_run_config(OmegaConf.merge(plain, override))
+    with pytest.raises(ConfigError, match="policy 'tdmpc' has no inference layer"):
+        compose_config(["policy=tdmpc", "env=pendulum", "inference.fast=true"])
 
 
 # The flat keys a run config held before `policy.inference` was a section, at their defaults.
@@ -745,31 +831,42 @@ OLD_INFERENCE_KEYS = dict(
 
 
 @pytest.mark.parametrize(
-    ("old_keys", "expected"),
+    ("old_policy_keys", "expected"),
     [
-        (dict(), FastInferenceConfig()),
-        (dict(inference_fast_path=True), FastInferenceConfig(fast=True)),
+        # The `policy.inference` section.
+        (dict(inference=dict()), InferenceConfig()),
         (
-            dict(
-                inference_fast_path=True,
-                inference_dtype="bfloat16",
-                inference_int8_weights=True,
-                inference_compile=True,
-            ),
-            FastInferenceConfig(fast=True, dtype="bfloat16", int8_weights=True, compile=True),
+            dict(inference=dict(fast=True, dtype="bfloat16", int8_weights=True, compile=False)),
+            InferenceConfig(fast=True, dtype="bfloat16", int8_weights=True),
         ),
-        (dict(inference_autocast=True), FastInferenceConfig(dtype="bfloat16")),
+        # Before it, flat keys.
+        (OLD_INFERENCE_KEYS, InferenceConfig()),
+        ({**OLD_INFERENCE_KEYS, "inference_fast_path": True}, InferenceConfig(fast=True)),
+        (
+            {
+                **OLD_INFERENCE_KEYS,
+                "inference_fast_path": True,
+                "inference_dtype": "bfloat16",
+                "inference_int8_weights": True,
+                "inference_compile": True,
+            },
+            InferenceConfig(fast=True, dtype="bfloat16", int8_weights=True, compile=True),
+        ),
+        ({**OLD_INFERENCE_KEYS, "inference_autocast": True}, InferenceConfig(dtype="bfloat16")),
     ],
 )
-def test_checkpoint_config_with_the_old_inference_keys_loads(tmp_path, old_keys, expected):
-    """A checkpoint's `config.yaml` written before `policy.inference` existed loads, its settings moved."""
+def test_checkpoint_config_with_the_old_inference_keys_loads(tmp_path, old_policy_keys, expected):
+    """A checkpoint's `config.yaml` written while the inference settings were the policy's (the
+    `policy.inference` section, or before it flat `policy.inference_*` keys) loads, its settings moved to the
+    top-level `inference` section."""
     cfg = OmegaConf.to_container(compose_config(["policy=diffusion", "env=pusht_keypoints"]))
-    del cfg["policy"]["inference"]
-    cfg["policy"].update({**OLD_INFERENCE_KEYS, **old_keys})
+    del cfg["inference"]
+    cfg["policy"].update(old_policy_keys)
     OmegaConf.save(OmegaConf.create(cfg), tmp_path / "config.yaml")
     loaded = load_config(tmp_path)
-    assert not set(OLD_INFERENCE_KEYS) & set(loaded.policy)
-    assert make_policy_config(loaded.policy, env_config(loaded)).inference == expected
+    assert not {"inference", *OLD_INFERENCE_KEYS} & set(loaded.policy)
+    assert OmegaConf.to_object(loaded.inference) == expected
+    make_policy_config(loaded.policy, env_config(loaded))  # the policy section is today's
 
 
 def test_compiled_fast_path_keeps_its_matmul_kernels(monkeypatch):
@@ -791,10 +888,9 @@ def test_compiled_fast_path_keeps_its_matmul_kernels(monkeypatch):
         rows_seen.append(x.shape[0])
         return matmul(self, x)
 
-    monkeypatch.setattr(fast_inference.PreparedLinear, "matmul", counted)
-    policy.config.inference = FastInferenceConfig(**options, compile=True)
-    with fast_inference_context(policy):
-        unet = policy.chunk_networks.denoiser
+    monkeypatch.setattr(accel_diffusion.PreparedLinear, "matmul", counted)
+    with accelerated(policy, InferenceConfig(**options, compile=True)):
+        unet = policy.unet
         assert unet.compiled is not None
         compiled = chunk_of(policy, obs)
         rows_seen.clear()

@@ -14,19 +14,22 @@ import signal
 import socket
 from pathlib import Path
 
+import einops
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from safetensors.torch import load_file
 from test_dataset import ZARR, write_fake_zarr
+from test_diffusion import image_config, obs_batch, stats_for
 from test_train import TINY, TINY_IMAGE, metrics
 
+from lerobot import distributed
 from lerobot.cli import eval_main, train_main
 from lerobot.datasets import StepBatchSampler
-from lerobot.policies.batch_shard import BatchShard
+from lerobot.policies.diffusion.modeling import ACTION_NOISE, CROP_OFFSETS, TIMESTEPS, DiffusionPolicy
 from lerobot.policies.diffusion.vision import random_crop
-from lerobot.training.loop import TrainStep
+from lerobot.training.loop import TrainStep, shard_training_noise
 
 WORLD = 2
 # The keypoints model, as in test_train, with a global batch both processes share.
@@ -233,9 +236,29 @@ def test_shards_of_a_step_are_its_global_batch():
         StepBatchSampler(50, 12, seed=3, shard=(0, 5))
 
 
-def test_random_crop_of_a_shard_is_its_slice_of_the_global_crops():
-    images = torch.rand(8, 3, 10, 12)
-    whole = random_crop(images, (4, 5), generator=torch.Generator().manual_seed(0))
-    shard = BatchShard(index=1, count=2)
-    part = random_crop(images[4:], (4, 5), generator=torch.Generator().manual_seed(0), shard=shard)
-    torch.testing.assert_close(part, whole[4:])
+def test_a_shards_random_draws_are_its_rows_of_the_global_batchs(monkeypatch):
+    # What the trainer hands process 1 of 2: its samples get the crops, noise and timesteps that the global
+    # batch's rows get on one process, and the random stream ends where it does there.
+    config = image_config()
+    policy = DiffusionPolicy(config, stats_for(config)).train()
+    torch.manual_seed(0)
+    whole = policy.draw_training_noise(8)
+    stream_after_whole = torch.random.get_rng_state()
+    monkeypatch.setattr(distributed, "rank", lambda: 1)
+    monkeypatch.setattr(distributed, "world_size", lambda: 2)
+    torch.manual_seed(0)
+    part = shard_training_noise(policy, 4)
+    assert torch.equal(torch.random.get_rng_state(), stream_after_whole)
+    assert part.keys() == whole.keys() == {CROP_OFFSETS, ACTION_NOISE, TIMESTEPS}
+    for key in whole:
+        assert torch.equal(part[key], whole[key][4:])
+
+    def crops(images: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        """The random crops of one camera's images (B, n_obs_steps, C, H, W), flattened as the policy does."""
+        flat = einops.rearrange(images, "b s c h w -> (b s) c h w")
+        corners = einops.rearrange(offsets, "b s n xy -> (b s n) xy")
+        return random_crop(flat, tuple(config.crop_shape), offsets=corners)
+
+    images = obs_batch(config, 8)["observation.image"]
+    shard_crops = crops(images[4:], part[CROP_OFFSETS])
+    assert torch.equal(shard_crops, crops(images, whole[CROP_OFFSETS])[4 * config.n_obs_steps :])

@@ -19,7 +19,8 @@ from toy_env import make_toy
 import lerobot.envs.factory as factory
 from lerobot.envs import make_env
 from lerobot.envs.faults import Watchdog, close_now, worker_call
-from lerobot.rollout import EnvWorkerError, NonFiniteActionError, eval_policy
+from lerobot.errors import NonFiniteActionError
+from lerobot.rollout import EnvWorkerError, eval_policy
 
 REPO = Path(__file__).resolve().parents[1]
 

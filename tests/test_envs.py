@@ -7,8 +7,9 @@ from gymnasium.vector import AsyncVectorEnv, SyncVectorEnv
 from omegaconf import OmegaConf
 
 import lerobot.envs.factory as factory
-from lerobot.config import ConfigError, env_config, validate_config
+from lerobot.config import env_config, validate_config
 from lerobot.envs import make_env, observation_to_batch, resolve_use_async
+from lerobot.errors import ConfigError
 
 
 def load(name: str):

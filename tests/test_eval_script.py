@@ -9,10 +9,10 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from lerobot.checkpoints.run import save_checkpoint
 from lerobot.cli import compose_config, eval_main
 from lerobot.config import env_config
 from lerobot.policies.factory import make_policy, make_policy_config
-from lerobot.training.checkpoint import save_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 

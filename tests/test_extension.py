@@ -10,11 +10,13 @@ import torch
 from conftest import REPO_ROOT
 from omegaconf import OmegaConf
 
+from lerobot.accel import accelerated
 from lerobot.cli import compose_config, eval_main
-from lerobot.config import ConfigError, env_config, validate_config
+from lerobot.config import env_config, validate_config
 from lerobot.envs import make_env
-from lerobot.policies.factory import inference_context, make_policy, make_policy_config, register_policy
-from lerobot.training.common import evaluate
+from lerobot.errors import ConfigError
+from lerobot.evaluation import evaluate
+from lerobot.policies.factory import make_policy, make_policy_config, register_policy
 
 register_policy("tiny", config="tiny_policy:TinyConfig", policy="tiny_policy:TinyPolicy")
 
@@ -74,7 +76,7 @@ def test_policy_sees_batch_keys_shapes_and_scaling(tmp_path):
 def test_inference_layer_comes_from_the_registration(tmp_path):
     cfg = compose_config(["policy=tiny", "env=nested_pixels"], search_path=[CONFIGS])
     policy = make_policy(make_policy_config(cfg.policy, env_config(cfg)))
-    with inference_context(policy):  # registered without `inference`: a no-op
+    with accelerated(policy, cfg.inference):  # registered without `inference`: a no-op
         pass
     register_policy(
         "tiny_ctx",
@@ -84,7 +86,7 @@ def test_inference_layer_comes_from_the_registration(tmp_path):
     )
     section = {**cfg.policy, "name": "tiny_ctx"}
     policy = make_policy(make_policy_config(section, env_config(cfg)))
-    with inference_context(policy):
+    with accelerated(policy, cfg.inference):
         assert tiny_policy.ENTERED[-1] == "tiny_ctx"
     # Evaluation runs inside the registered layer.
     n_entered = len(tiny_policy.ENTERED)

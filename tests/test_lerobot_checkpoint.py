@@ -19,17 +19,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from lerobot.checkpoints import load_policy, read_spec, spec_policy_config
+from lerobot.checkpoints.hub import MODEL_FILE
+from lerobot.checkpoints.lerobot_diffusion import conditioning_order, rename
 from lerobot.cli import eval_main
-from lerobot.config import ConfigError
-from lerobot.policies.diffusion.lerobot_import import conditioning_order, rename
+from lerobot.errors import ConfigError, PretrainedError
 from lerobot.policies.diffusion.modeling import DiffusionPolicy
-from lerobot.policies.pretrained import (
-    MODEL_FILE,
-    PretrainedError,
-    load_pretrained,
-    read_spec,
-    spec_policy_config,
-)
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures"
@@ -131,7 +126,7 @@ def test_image_model_weights_land_under_the_mapped_names(tmp_path, fixture):
     columns follow this project's conditioning order."""
     directory = _image_copy(tmp_path, fixture)
     weights = load_file(directory / MODEL_FILE)
-    policy = load_pretrained(directory)
+    policy = load_policy(directory)
     own = policy.state_dict()
     mapped = {rename(name): value for name, value in weights.items() if not name.endswith("pos_grid")}
     assert "rgb_encoder.backbone.4.0.bn1.weight" in mapped  # a GroupNorm keeping its BatchNorm name
@@ -151,7 +146,7 @@ def test_a_different_spatial_softmax_grid_is_refused(tmp_path):
     weights["diffusion.rgb_encoder.pool.pos_grid"] = -weights["diffusion.rgb_encoder.pool.pos_grid"]
     save_file(weights, directory / MODEL_FILE)
     with pytest.raises(PretrainedError, match="pos_grid differs"):
-        load_pretrained(directory)
+        load_policy(directory)
 
 
 def test_a_compiled_unet_checkpoint_loads_the_same(tmp_path):
@@ -170,7 +165,7 @@ def test_a_compiled_unet_checkpoint_loads_the_same(tmp_path):
         if k.startswith("raw.")
     }
     chunks = [
-        load_pretrained(d).predict_action_chunk(raw, generator=torch.Generator().manual_seed(0))
+        load_policy(d).predict_action_chunk(raw, generator=torch.Generator().manual_seed(0))
         for d in (directory, KEYPOINTS)
     ]
     assert torch.equal(*chunks)
@@ -228,7 +223,7 @@ def test_unsupported_lerobot_checkpoints_are_refused_in_one_line(tmp_path, fixtu
     shutil.copytree(fixture / "pretrained_model", directory)
     mutate(directory)
     with pytest.raises((PretrainedError, ConfigError)) as error:
-        load_pretrained(directory)
+        load_policy(directory)
     message = str(error.value)
     assert "\n" not in message and field in message, message
 

@@ -21,16 +21,11 @@ import pytest
 import torch
 import zarr
 
-from lerobot.config import ConfigError, DatasetConfig, EnvConfig, FeatureConfig
-from lerobot.datasets import (
-    DatasetError,
-    DatasetNotFoundError,
-    EpisodeDataset,
-    convert_pusht_zarr,
-    make_dataset,
-)
+from lerobot.cli import export_main
+from lerobot.config import DatasetConfig, EnvConfig, FeatureConfig
+from lerobot.datasets import EpisodeDataset, convert_pusht_zarr, make_dataset
 from lerobot.datasets.factory import dataset_format
-from lerobot.datasets.lerobot_export import encode_video, export_lerobot_dataset, export_main
+from lerobot.datasets.lerobot_export import encode_video, export_lerobot_dataset
 from lerobot.datasets.lerobot_format import (
     INFO_PATH,
     LEGACY_EPISODES_STATS_PATH,
@@ -38,6 +33,7 @@ from lerobot.datasets.lerobot_format import (
     decode_video_into,
 )
 from lerobot.datasets.lerobot_import import convert_lerobot_dataset
+from lerobot.errors import ConfigError, DatasetError, DatasetNotFoundError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LENGTHS = [3, 5, 4, 6]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lerobot.config import ConfigError
+from lerobot.errors import ConfigError
 from lerobot.training.online import UpdateSchedule
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import torch
 
+from lerobot.checkpoints.run import latest_checkpoint, load_run_policy, load_training_state
 from lerobot.cli import compose_config, eval_main, train_main
-from lerobot.training.checkpoint import latest_checkpoint, load_policy, load_training_state
 from lerobot.training.online import UpdateSchedule
 
 TINY = [
@@ -76,7 +76,7 @@ def test_train_resume_and_eval(tmp_path):
     assert [r["step"] for r in records(run_dir, "train")] == [10, 20, 30, 40, 50, 60]
 
     # The checkpoint loads without any dataset and plans within the action bounds.
-    policy, cfg = load_policy(latest_checkpoint(run_dir))
+    policy, cfg = load_run_policy(latest_checkpoint(run_dir))
     action = policy.select_action({"observation.state": torch.tensor([[1.0, 0.0, 0.0]])})
     assert action.shape == (1, 1) and -2 <= float(action) <= 2
     assert cfg.policy.name == "tdmpc"
@@ -123,7 +123,7 @@ def test_pusht_keypoints_with_demonstrations(tmp_path, pusht_data_root):
     assert train_main(overrides) == 0
     (train,) = records(tmp_path / "run", "train")
     assert train["updates"] == 14 and train["buffer_size"] == 24
-    policy, _ = load_policy(latest_checkpoint(tmp_path / "run"))
+    policy, _ = load_run_policy(latest_checkpoint(tmp_path / "run"))
     obs = {
         "observation.state": torch.full((1, 2), 256.0),
         "observation.environment_state": torch.zeros(1, 16),

@@ -9,12 +9,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from lerobot.checkpoints import read_spec
+from lerobot.checkpoints.hub import CONFIG_JSON, MODEL_FILE
 from lerobot.cli import compose_config, eval_main
 from lerobot.config import env_config
+from lerobot.errors import PretrainedError
 from lerobot.policies.diffusion.modeling import DiffusionPolicy
 from lerobot.policies.factory import make_policy, make_policy_config
 from lerobot.policies.policy import Policy
-from lerobot.policies.pretrained import CONFIG_JSON, MODEL_FILE, PretrainedError, read_spec
 from lerobot.policies.tdmpc.modeling import TDMPCPolicy
 from lerobot.training import offline
 from lerobot.training.loop import TrainStep
@@ -82,6 +84,18 @@ def test_save_then_load_gives_the_same_weights_and_actions(trained, tmp_path):
     assert torch.equal(first, _chunk(loaded))
     # The generator alone decides the noise: another seed gives another chunk.
     assert not torch.equal(first, _chunk(loaded, seed=8))
+
+
+def test_a_directory_saved_with_the_inference_settings_in_the_policy_loads(trained, tmp_path):
+    """`config.json` written while the inference settings were the policy's (`policy.inference`): they are
+    an evaluation's choice now (the run config's `inference`), so the saved policy loads without them."""
+    policy, cfg = trained
+    out = policy.save_pretrained(tmp_path / "model", env_config(cfg))
+    config = json.loads((out / CONFIG_JSON).read_text())
+    config["policy"]["inference"] = dict(fast=True, dtype="bfloat16", int8_weights=False, compile=False)
+    (out / CONFIG_JSON).write_text(json.dumps(config))
+    assert "inference" not in read_spec(out).policy
+    assert torch.equal(_chunk(Policy.from_pretrained(out)), _chunk(policy))
 
 
 def test_loading_through_the_base_class_and_a_wrong_subclass(trained, tmp_path):

@@ -14,7 +14,7 @@ from test_dataset import ZARR, write_fake_zarr
 from test_train import TINY
 
 from lerobot.cli import compose_train_config, train_main
-from lerobot.sweep import sweep_jobs
+from lerobot.cli.sweep import sweep_jobs
 
 REPO = Path(__file__).resolve().parents[1]
 JOB = [*TINY, "env=pusht_keypoints", "training.steps=2", "training.save_freq=2", "eval.freq=0"]

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lerobot.config import ConfigError, FeatureConfig
+from lerobot.config import FeatureConfig
 from lerobot.constants import ACTION, NEXT_REWARD, OBS_ENV_STATE, OBS_STATE
+from lerobot.errors import ConfigError
 from lerobot.policies.online_policy import OnlinePolicy
 from lerobot.policies.tdmpc import TDMPCConfig, TDMPCPolicy
 from lerobot.policies.tdmpc.modeling import NEXT_TERMINATED

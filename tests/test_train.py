@@ -12,7 +12,7 @@ from test_dataset import ZARR, write_fake_zarr
 
 import lerobot.training.offline as offline
 from lerobot.cli import eval_main, train_main
-from lerobot.training.common import TrainingDivergedError
+from lerobot.errors import TrainingDivergedError
 from lerobot.training.loop import TrainStep
 
 TINY = [
@@ -78,12 +78,12 @@ def test_train_images_then_eval_checkpoint(tmp_path, data_args):
     assert [e["n_steps"] for e in info["per_episode"]] == [8, 8]
     # The CPU inference layer is switched on from the command line, for evaluation only.
     fast = tmp_path / "eval_fast"
-    overrides = ["policy.inference.fast=true", "policy.inference.dtype=bfloat16"]
+    overrides = ["inference.fast=true", "inference.dtype=bfloat16"]
     assert (
         eval_main(["--checkpoint", str(run), "eval.n_episodes=2", "--output-dir", str(fast), *overrides]) == 0
     )
     info = json.loads((fast / "eval_info.json").read_text())
-    assert info["config"]["policy"]["inference"]["fast"] is True
+    assert info["config"]["inference"]["fast"] is True
     assert [e["n_steps"] for e in info["per_episode"]] == [8, 8]
 
 
@@ -289,8 +289,9 @@ def test_config_errors_stop_at_start(args, message, capsys):
 
 
 def test_compiled_train_step_makes_the_eager_updates(monkeypatch):
-    """training.compile: with inductor drawing its random numbers as eager does, the compiled step gives the
-    eager losses and weights (Diffusion Policy: noise and timesteps drawn inside the forward pass)."""
+    """training.compile: the compiled step gives the eager losses and weights (Diffusion Policy: the trainer
+    draws the crops, noise and timesteps before the forward pass; inductor draws any random numbers left
+    inside it as eager does)."""
     from test_diffusion import keypoint_config, stats_for, train_batch
 
     from lerobot.policies.diffusion.modeling import DiffusionPolicy

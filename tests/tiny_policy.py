@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from lerobot.config import InferenceConfig
 from lerobot.policies.config import PolicyConfig
 from lerobot.policies.policy import Policy
 
@@ -56,7 +57,7 @@ ENTERED: list[str] = []
 
 
 @contextlib.contextmanager
-def recording_context(policy: Policy) -> Iterator[None]:
-    """An `inference` layer for tests: records that evaluation entered it."""
+def recording_context(policy: Policy, settings: InferenceConfig) -> Iterator[None]:
+    """An `inference` layer for tests: records that evaluation entered it (whatever `settings` say)."""
     ENTERED.append(policy.config.name)
     yield

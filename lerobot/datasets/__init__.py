@@ -1,6 +1,6 @@
 """Datasets: PushT and LeRobotDataset import/conversion (and LeRobotDataset export), the episode dataset with delta_timestamps windows, statistics, loaders."""
 
-from lerobot.datasets.episode_dataset import DeltaTimestampsError, EpisodeDataset, collate_batch
+from lerobot.datasets.episode_dataset import EpisodeDataset, collate_batch
 from lerobot.datasets.factory import (
     IMPORTERS,
     StepBatchSampler,
@@ -10,7 +10,6 @@ from lerobot.datasets.factory import (
     make_dataset,
     split_episodes,
 )
-from lerobot.datasets.format import DatasetError, DatasetNotFoundError
 from lerobot.datasets.lerobot_export import export_lerobot_dataset
 from lerobot.datasets.lerobot_import import convert_lerobot_dataset, prepare_lerobot
 from lerobot.datasets.pusht_import import (
@@ -21,6 +20,7 @@ from lerobot.datasets.pusht_import import (
     prepare_pusht,
 )
 from lerobot.datasets.pusht_rules import block_coverage, block_keypoints, coverage_reward
+from lerobot.errors import DatasetError, DatasetNotFoundError, DeltaTimestampsError
 
 __all__ = [
     "IMPORTERS",

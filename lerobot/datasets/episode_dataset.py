@@ -29,7 +29,6 @@ from lerobot.datasets.format import (
     EPISODE_STATS_FILE,
     FRAME_INDEX,
     TIMESTAMP,
-    DatasetError,
     check_against_episode_stats,
     combine_stats,
     feature_file,
@@ -37,14 +36,11 @@ from lerobot.datasets.format import (
     read_meta,
     stats_to_tensors,
 )
+from lerobot.errors import DatasetError, DeltaTimestampsError
 
 # Offsets closer than this (in frames) to a whole number of frames count as whole: 0.1 * 10 is not 1.0
 # exactly in floating point, and timestamps in configs are written with a few decimals.
 _FRAME_TOLERANCE = 1e-4
-
-
-class DeltaTimestampsError(ValueError):
-    """`delta_timestamps` is malformed; the message names the feature and the offending offset."""
 
 
 class EpisodeDataset(Dataset):

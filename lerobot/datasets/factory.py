@@ -19,12 +19,13 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from lerobot.config import ConfigError, DatasetConfig, EnvConfig
+from lerobot.config import DatasetConfig, EnvConfig
 from lerobot.constants import ACTION
 from lerobot.datasets.episode_dataset import EpisodeDataset, collate_batch
 from lerobot.datasets.lerobot_import import LEROBOT_FORMAT, prepare_lerobot
 from lerobot.datasets.pusht_import import prepare_pusht
-from lerobot.stop_signals import ignore_stop_signals
+from lerobot.errors import ConfigError
+from lerobot.runtime.signals import ignore_stop_signals
 
 SPLITS = ("train", "val")
 

@@ -19,13 +19,11 @@ an `OSError` (turned into one line by `out_of_space_error`) instead of a SIGBUS 
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import os
 import shutil
-import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +31,9 @@ import numpy as np
 import torch
 from safetensors import SafetensorError
 from safetensors.numpy import load_file
+
+from lerobot.errors import DatasetError, DatasetNotFoundError
+from lerobot.runtime.atomic import NO_SPACE_ERRNOS
 
 log = logging.getLogger(__name__)
 
@@ -51,30 +52,11 @@ STAT_NAMES = ("mean", "std", "min", "max")
 _SUFFICIENT = ("count", "sum", "sumsq", "min", "max")
 
 # errno values of a write that failed for lack of room (full disk, quota, file-size limit).
-_NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
-
-
-class DatasetError(ValueError):
-    """A dataset file is missing something or is malformed; the message names the file and the problem."""
-
-
-class DatasetNotFoundError(FileNotFoundError):
-    """No dataset could be found or fetched; the message says where to put it or what to configure."""
 
 
 def feature_file(root: Path, key: str) -> Path:
     """Path of the `.npy` array holding feature `key` under a converted dataset `root`."""
     return Path(root) / f"{key}.npy"
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON to `path` through a temporary file and a rename, so readers never see half a file."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def read_meta(root: Path) -> dict[str, Any]:
@@ -164,7 +146,7 @@ def check_free_space(directory: Path, needed_bytes: int) -> None:
 
 def out_of_space_error(error: OSError, directory: Path, needed_bytes: int) -> DatasetError | None:
     """The one-line `DatasetError` for a write that failed for lack of room, else None (another OSError)."""
-    if error.errno not in _NO_SPACE_ERRNOS:
+    if error.errno not in NO_SPACE_ERRNOS:
         return None
     free = shutil.disk_usage(directory).free
     return DatasetError(_space_message(directory, needed_bytes, free, f"ran out of space ({error.strerror})"))
@@ -274,93 +256,3 @@ def stats_to_tensors(stats: dict[str, np.ndarray], image: bool) -> dict[str, tor
 
 
 # ---------------------------------------------------------------- installing a conversion (any importer)
-def is_current(out_dir: Path, fingerprint: str) -> bool:
-    """Whether `out_dir` holds a conversion of the source with this `fingerprint`."""
-    try:
-        meta = read_meta(out_dir)
-    except (DatasetError, DatasetNotFoundError):
-        return False
-    return meta.get("source", {}).get("fingerprint") == fingerprint
-
-
-def is_intact(out_dir: Path) -> bool:
-    """Whether a current conversion still opens and passes its checks; if not, log why (it is rebuilt)."""
-    from lerobot.datasets.episode_dataset import EpisodeDataset  # the dataset module imports no importer
-
-    try:
-        EpisodeDataset(out_dir)
-    except (DatasetError, DatasetNotFoundError) as e:
-        log.warning("%s; converting again from the source", e)
-        return False
-    return True
-
-
-def remove_stale_temps(parent: Path, name: str) -> None:
-    """Delete temp/old directories of `name` left by processes that no longer run (crashes, kills)."""
-    for leftover in parent.glob(f".{name}.*-*-*"):
-        try:
-            pid = int(leftover.name.split("-")[1])
-        except (IndexError, ValueError):
-            continue
-        if pid != os.getpid() and not _pid_alive(pid):
-            shutil.rmtree(leftover, ignore_errors=True)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def install_conversion(tmp: Path, out_dir: Path, fingerprint: str, replace_current: bool) -> None:
-    """Rename the finished `tmp` to `out_dir`, replacing an outdated conversion; tolerate a racing twin.
-
-    `replace_current`: `out_dir` held this source's conversion when we started (forced or damaged), so
-    replace it even though its fingerprint matches.
-    """
-    old = None
-    if out_dir.exists():
-        if not replace_current and is_current(out_dir, fingerprint):
-            return  # another process finished the same conversion meanwhile
-        old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        os.rename(out_dir, old)
-    try:
-        os.rename(tmp, out_dir)
-    except OSError:
-        if not is_current(out_dir, fingerprint):
-            raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
-def write_conversion(
-    out_dir: Path, fingerprint: str, needed_bytes: int, write: Callable[[Path], None], force: bool = False
-) -> bool:
-    """Convert a source into `out_dir` atomically; return False when nothing had to be written.
-
-    Idempotent: an intact conversion of the source with `fingerprint` is kept unless `force`. Atomic: `write`
-    fills a temporary sibling `.{name}.tmp-<pid>-<id>` (after a free-space check for `needed_bytes`), which
-    is then renamed into place; a full disk is one `DatasetError` and no temporary is left behind.
-    """
-    current = is_current(out_dir, fingerprint)
-    if current and not force and is_intact(out_dir):
-        return False
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temps(out_dir.parent, out_dir.name)
-    check_free_space(out_dir.parent, needed_bytes)
-    tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    try:
-        tmp.mkdir()
-        write(tmp)
-        install_conversion(tmp, out_dir, fingerprint, replace_current=current)
-    except OSError as e:
-        if (error := out_of_space_error(e, out_dir.parent, needed_bytes)) is not None:
-            raise error from None
-        raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return True

@@ -20,11 +20,9 @@ Statistics come exactly from the per-episode sums of the converted dataset. The 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
-import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -36,17 +34,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from lerobot.config import ConfigError, DatasetConfig
 from lerobot.constants import VISUAL
-from lerobot.datasets.factory import import_dataset
 from lerobot.datasets.format import (
     BOOKKEEPING_KEYS,
-    DatasetError,
     combine_stats,
     feature_file,
     load_episode_stats,
     read_meta,
-    write_json_atomic,
 )
 from lerobot.datasets.lerobot_format import (
     DATA_PATH,
@@ -57,6 +51,8 @@ from lerobot.datasets.lerobot_format import (
     V30,
     VIDEO_PATH,
 )
+from lerobot.errors import DatasetError
+from lerobot.runtime.atomic import write_json
 
 # LeRobot's default number of files per chunk directory and file size limits (written into info.json).
 CHUNKS_SIZE = 1000
@@ -247,7 +243,7 @@ def export_lerobot_dataset(
         for key, values in _bookkeeping_columns(arrays, starts, ends).items():
             total[key] = _lerobot_stats(_plain_stats(values), num_frames, image=False)
         (tmp / "meta").mkdir(exist_ok=True)
-        write_json_atomic(tmp / STATS_PATH, total)
+        write_json(tmp / STATS_PATH, total, indent=1, fsync=True)
         pq.write_table(_tasks_table([task]), tmp / TASKS_PATH)
         info = {
             "codebase_version": V30,
@@ -264,7 +260,7 @@ def export_lerobot_dataset(
             "video_path": VIDEO_PATH if video_keys else None,
             "features": _info_features(features, video_keys, fps, encoding),
         }
-        write_json_atomic(tmp / INFO_PATH, info)
+        write_json(tmp / INFO_PATH, info, indent=1, fsync=True)
         if out_dir.exists():
             shutil.rmtree(out_dir)
         os.rename(tmp, out_dir)
@@ -408,62 +404,3 @@ def _info_features(
     ):
         out[key] = {"dtype": dtype, "shape": [1], "names": None}
     return out
-
-
-def _dataset_config(overrides: list[str]) -> DatasetConfig:
-    """`dataset.key=value` overrides -> a checked `DatasetConfig` (an unknown key or bad value is a ConfigError)."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    bad = [o for o in overrides if not o.startswith("dataset.") or "=" not in o]
-    if bad:
-        raise ConfigError(f"{bad}: expected dataset.KEY=VALUE settings (e.g. dataset.root=DIR)")
-    try:
-        merged = OmegaConf.merge(
-            OmegaConf.structured(DatasetConfig),
-            OmegaConf.from_dotlist([o[len("dataset.") :] for o in overrides]),
-        )
-        return OmegaConf.to_object(merged)
-    except OmegaConfBaseException as e:
-        raise ConfigError(f"dataset settings {overrides}: {str(e).splitlines()[0]}") from None
-
-
-def _export(argv: list[str] | None) -> int:
-    parser = argparse.ArgumentParser(
-        description="Write a dataset (default: the PushT demonstrations) as a LeRobotDataset v3.0.",
-        epilog="example: --out outputs/pusht_lerobot dataset.root=../shared/data/pusht",
-    )
-    parser.add_argument("--out", required=True, help="the LeRobotDataset directory to create")
-    parser.add_argument(
-        "--task", default=None, help="task string of every episode (default: the dataset's name)"
-    )
-    parser.add_argument("--episodes-per-file", type=int, default=None, help="default: all in one file")
-    parser.add_argument(
-        "--crf", type=int, default=VideoEncoding.crf, help="AV1 quality (lower: larger, closer)"
-    )
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out directory")
-    parser.add_argument(
-        "overrides", nargs="*", help="dataset.* settings choosing the source (as for train.py)"
-    )
-    args = parser.parse_intermixed_args(argv)
-    if Path(args.out).exists() and not args.overwrite:
-        raise DatasetError(f"{args.out}: already exists; choose another directory or pass --overwrite")
-    source = import_dataset(_dataset_config(args.overrides))
-    t0 = time.perf_counter()
-    out = export_lerobot_dataset(
-        source,
-        args.out,
-        task=args.task,
-        episodes_per_file=args.episodes_per_file,
-        encoding=VideoEncoding(crf=args.crf),
-        overwrite=args.overwrite,
-    )
-    print(f"wrote LeRobotDataset v3.0 {out} from {source} in {time.perf_counter() - t0:.1f} s")
-    return 0
-
-
-def export_main(argv: list[str] | None = None) -> int:
-    """`scripts/export_dataset.py`: errors a user can fix end as one line and exit code 2."""
-    from lerobot.cli import _run
-
-    return _run(_export, argv)

@@ -33,7 +33,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from lerobot.datasets.format import DatasetError, DatasetNotFoundError
+from lerobot.errors import DatasetError, DatasetNotFoundError
 
 V30, V21 = "v3.0", "v2.1"
 SUPPORTED_VERSIONS = (V30, V21)

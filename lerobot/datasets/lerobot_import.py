@@ -33,8 +33,9 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import save_file
 
-from lerobot.config import ConfigError, DatasetConfig
+from lerobot.config import DatasetConfig
 from lerobot.constants import ACTION, ACTION_KIND, ENV_STATE, OBS_ENV_STATE, OBS_STATE, STATE, VISUAL
+from lerobot.datasets.conversion import write_conversion
 from lerobot.datasets.format import (
     EPISODE_INDEX,
     EPISODE_STATS_FILE,
@@ -43,16 +44,12 @@ from lerobot.datasets.format import (
     META_FILE,
     STATS_FILE,
     TIMESTAMP,
-    DatasetError,
-    DatasetNotFoundError,
     combine_stats,
     feature_file,
     open_preallocated_memmap,
     stack_episode_stats,
     sufficient_stats,
     uint8_channel_stats,
-    write_conversion,
-    write_json_atomic,
 )
 from lerobot.datasets.lerobot_format import (
     INFO_PATH,
@@ -67,6 +64,8 @@ from lerobot.datasets.lerobot_format import (
     open_lerobot_dataset,
 )
 from lerobot.datasets.pusht_import import default_cache_dir
+from lerobot.errors import ConfigError, DatasetError, DatasetNotFoundError
+from lerobot.runtime.atomic import write_json
 
 log = logging.getLogger(__name__)
 
@@ -265,8 +264,11 @@ def _write_converted(source: LeRobotSource, out: Path, fingerprint: str, name: s
     combined = {k: combine_stats(st, everything) for k, st in stacked.items()}
     _check_against_source_stats(source, combined, arrays)
     save_file({f"{k}/{n}": a for k, st in stacked.items() for n, a in st.items()}, out / EPISODE_STATS_FILE)
-    write_json_atomic(
-        out / STATS_FILE, {k: {n: v.tolist() for n, v in st.items()} for k, st in combined.items()}
+    write_json(
+        out / STATS_FILE,
+        {k: {n: v.tolist() for n, v in st.items()} for k, st in combined.items()},
+        indent=1,
+        fsync=True,
     )
 
     features: dict[str, dict[str, Any]] = {
@@ -295,7 +297,7 @@ def _write_converted(source: LeRobotSource, out: Path, fingerprint: str, name: s
             "fingerprint": fingerprint,
         },
     }
-    write_json_atomic(out / META_FILE, meta)
+    write_json(out / META_FILE, meta, indent=1, fsync=True)
 
 
 def _decode_feature(

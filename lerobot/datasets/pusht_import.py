@@ -63,6 +63,7 @@ from lerobot.constants import (
     OBS_IMAGE,
     OBS_STATE,
 )
+from lerobot.datasets.conversion import remove_stale_temps, write_conversion
 from lerobot.datasets.format import (
     EPISODE_INDEX,
     EPISODE_STATS_FILE,
@@ -71,18 +72,13 @@ from lerobot.datasets.format import (
     META_FILE,
     STATS_FILE,
     TIMESTAMP,
-    DatasetError,
-    DatasetNotFoundError,
     combine_stats,
     feature_file,
     open_preallocated_memmap,
     read_meta,
-    remove_stale_temps,
     stack_episode_stats,
     sufficient_stats,
     uint8_channel_stats,
-    write_conversion,
-    write_json_atomic,
 )
 from lerobot.datasets.pusht_rules import (
     ACTION_HIGH,
@@ -92,6 +88,8 @@ from lerobot.datasets.pusht_rules import (
     block_keypoints,
     coverage_reward,
 )
+from lerobot.errors import DatasetError, DatasetNotFoundError
+from lerobot.runtime.atomic import write_json
 
 log = logging.getLogger(__name__)
 
@@ -440,7 +438,7 @@ def _write_converted(arrays: dict[str, Any], src: Path, out: Path, fingerprint: 
     readable = {
         key: {k: v.tolist() for k, v in combine_stats(st, everything).items()} for key, st in stacked.items()
     }
-    write_json_atomic(out / STATS_FILE, readable)
+    write_json(out / STATS_FILE, readable, indent=1, fsync=True)
 
     features = {OBS_IMAGE: {"shape": list(image_shape), "dtype": "uint8", "kind": "visual"}}
     kinds = {OBS_STATE: "state", OBS_ENV_STATE: "env_state", ACTION: "action"}
@@ -466,7 +464,7 @@ def _write_converted(arrays: dict[str, Any], src: Path, out: Path, fingerprint: 
             NEXT_DONE: "True on the last frame of each episode",
         },
     }
-    write_json_atomic(out / META_FILE, meta)
+    write_json(out / META_FILE, meta, indent=1, fsync=True)
 
 
 def _check_bounds(

@@ -7,8 +7,9 @@ workers import it to build their env and must stay torch-free (see `lerobot.envs
 from typing import Any
 
 from lerobot.envs.factory import make_env, make_single_env, resolve_use_async
-from lerobot.envs.faults import EnvWorkerError, close_now
+from lerobot.envs.faults import close_now
 from lerobot.envs.worker import BatchKeyObservation
+from lerobot.errors import EnvWorkerError
 
 __all__ = [
     "BatchKeyObservation",

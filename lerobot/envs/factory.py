@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import json
@@ -19,10 +20,12 @@ from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, Vecto
 from gymnasium.vector.async_vector_env import AsyncState
 from omegaconf import OmegaConf
 
-from lerobot.config import ConfigError, EnvConfig
+from lerobot.config import EnvConfig
 from lerobot.constants import VISUAL
-from lerobot.envs.faults import EnvWorkerError, close_now, kill_workers, worker_call
+from lerobot.envs.faults import close_now, kill_workers, worker_call
 from lerobot.envs.worker import build_env, build_worker_env
+from lerobot.errors import ConfigError, EnvWorkerError
+from lerobot.runtime.atomic import write_json
 
 log = logging.getLogger(__name__)
 
@@ -229,13 +232,8 @@ def measured_async_choice(key: str, env_cfg_yaml: str, n_envs: int) -> bool:
         "async" if choice else "sync",
     )
     cache[key] = {"async": choice, "sync_steps_per_s": sync_rate, "async_steps_per_s": async_rate}
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(cache, indent=1))
-        tmp.replace(path)
-    except OSError:
-        pass  # a read-only cache only costs a re-measurement next time
+    with contextlib.suppress(OSError):  # a read-only cache only costs a re-measurement next time
+        write_json(path, cache, indent=1)
     return choice
 
 

@@ -19,16 +19,14 @@ from collections.abc import Iterator
 
 from gymnasium.vector import AsyncVectorEnv, VectorEnv
 
+from lerobot.errors import EnvWorkerError
+
 # How long `kill_workers` waits for a killed worker to be reaped; SIGKILL ends even a stopped process at once.
 _REAP_TIMEOUT_S = 5.0
 # A `Watchdog` kills the workers this long after a call's own timeout has passed without it returning.
 _WATCHDOG_GRACE_S = 2.0
 # How long `worker_call` waits for the exit status of a worker whose pipe broke.
 _EXIT_STATUS_WAIT_S = 2.0
-
-
-class EnvWorkerError(RuntimeError):
-    """An async env worker died or stopped answering (its env is closed and its workers killed)."""
 
 
 def _describe_exit(code: int | None) -> str:

@@ -15,8 +15,9 @@ from collections.abc import Mapping
 import gymnasium as gym
 from gymnasium import spaces
 
-from lerobot.config import WHOLE_OBSERVATION, ConfigError
-from lerobot.stop_signals import ignore_stop_signals
+from lerobot.config import WHOLE_OBSERVATION
+from lerobot.errors import ConfigError
+from lerobot.runtime.signals import ignore_stop_signals
 
 PATH_SEPARATOR = "/"
 

@@ -13,8 +13,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lerobot.config import ConfigError
 from lerobot.constants import OBS_ENV_STATE, OBS_IMAGE, OBS_STATE
+from lerobot.errors import ConfigError
 from lerobot.policies.config import PolicyConfig
 from lerobot.policies.policy import Policy
 

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 
 from omegaconf import DictConfig
 
-from lerobot.config import ConfigError, FeatureConfig
+from lerobot.config import FeatureConfig
+from lerobot.errors import ConfigError
 
 OFFLINE = "offline"  # learns from a dataset of demonstrations
 ONLINE = "online"  # learns from its own experience (replay buffer)

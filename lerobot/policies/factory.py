@@ -5,12 +5,13 @@ A policy is added with one call (paths are imported only when the policy is used
     register_policy("mine", config="my_pkg.config:MyConfig", policy="my_pkg.model:MyPolicy")
 
 after which `policy=mine` works on the command line; a YAML file in `configs/policy/` is optional (the
-dataclass holds the defaults).
+dataclass holds the defaults). An inference layer is named here by its path only: `lerobot.accel`, a layer
+above the policies, imports and enters it.
 """
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 import importlib
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +19,8 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from lerobot.config import ConfigError, EnvConfig
+from lerobot.config import EnvConfig, InferenceConfig, env_config, validate_config
+from lerobot.errors import ConfigError
 from lerobot.policies.config import PolicyConfig
 from lerobot.policies.policy import Policy
 
@@ -29,7 +31,8 @@ class PolicyEntry:
 
     config: str
     policy: str
-    # A function `(policy) -> context manager` entered around evaluation (e.g. a faster inference mode).
+    # A function `(policy, InferenceConfig) -> context manager` entered around evaluation (e.g. a faster
+    # inference mode), by `lerobot.accel.accelerated`.
     inference: str | None = None
 
 
@@ -43,8 +46,9 @@ def register_policy(name: str, config: str, policy: str, inference: str | None =
         name: the policy's name; its config dataclass's `name` field must default to it.
         config: "module:ConfigClass", a `PolicyConfig` subclass.
         policy: "module:PolicyClass", a `Policy` subclass taking `(config, dataset_stats=None)`.
-        inference: optional "module:function" taking the policy and returning a context manager that
-            evaluation enters (see `inference_context`).
+        inference: optional "module:function" taking the policy and the run's `inference` settings
+            (`lerobot.config.InferenceConfig`) and returning a context manager that evaluation enters (see
+            `lerobot.accel.accelerated`; this registry never imports it).
 
     Registering the same name again with the same paths is a no-op; with other paths it is an error.
     """
@@ -116,19 +120,46 @@ def resolved_policy_section(policy_section: DictConfig | dict, env_cfg: EnvConfi
     return section
 
 
+def validate_run_config(cfg: DictConfig | dict) -> DictConfig:
+    """`lerobot.config.validate_config`, then the `policy` section (when it names a policy) validated and
+    completed with every field of its dataclass: the complete, resolved config that checkpoints save."""
+    merged = validate_config(cfg)
+    if merged.policy:
+        merged.policy = resolved_policy_section(merged.policy, env_config(merged))
+        check_inference_settings(merged.policy.name, OmegaConf.to_object(merged.inference))
+    return merged
+
+
 def make_policy(policy_cfg: PolicyConfig, dataset_stats: dict | None = None) -> Policy:
     """Instantiate the policy class registered for `policy_cfg.name`."""
     policy_cls = _import(_entry(policy_cfg.name).policy)
     return policy_cls(policy_cfg, dataset_stats=dataset_stats)
 
 
-def inference_context(policy: Policy) -> contextlib.AbstractContextManager:
-    """The context manager evaluation runs `policy` in: the `inference` layer registered under its
-    `config.name`, else a no-op."""
-    entry = _REGISTRY.get(policy.config.name)
-    if entry is None or entry.inference is None:
-        return contextlib.nullcontext()
-    return _import(entry.inference)(policy)
+def inference_layer(name: str) -> str | None:
+    """The "module:function" path of the inference layer registered for policy `name`; None when it has none
+    (or `name` is not registered)."""
+    entry = _REGISTRY.get(name)
+    return entry.inference if entry is not None else None
+
+
+def check_inference_settings(name: str, settings: InferenceConfig) -> None:
+    """Raise `ConfigError` when `settings` (the run's `inference` section) ask for more than the defaults of
+    policy `name`, which has no inference layer to do it."""
+    if inference_layer(name) is not None:
+        return
+    default = InferenceConfig()
+    changed = [
+        f"inference.{f.name}"
+        for f in dataclasses.fields(settings)
+        if getattr(settings, f.name) != getattr(default, f.name)
+    ]
+    if changed:
+        layers = sorted(n for n, entry in _REGISTRY.items() if entry.inference is not None)
+        raise ConfigError(
+            f"{', '.join(changed)}: policy {name!r} has no inference layer (policies with one: "
+            f"{', '.join(layers) or 'none'}); leave the inference settings at their defaults"
+        )
 
 
 register_policy(
@@ -145,7 +176,7 @@ register_policy(
     "diffusion",
     config="lerobot.policies.diffusion.configuration:DiffusionConfig",
     policy="lerobot.policies.diffusion.modeling:DiffusionPolicy",
-    inference="lerobot.policies.diffusion.fast_inference:fast_inference_context",
+    inference="lerobot.accel.diffusion:fast_inference_context",
 )
 register_policy(
     "tdmpc",

@@ -7,17 +7,20 @@ chunks into one action per env step lives here, once.
 from __future__ import annotations
 
 import abc
+import importlib
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
 from lerobot.constants import OBS_PREFIX
+from lerobot.errors import PretrainedError
 
 if TYPE_CHECKING:
     from lerobot.config import EnvConfig
@@ -72,6 +75,18 @@ class Policy(nn.Module, abc.ABC):
     def forward(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
         """Training step: return a dict with a scalar `loss` and any other figures to log."""
 
+    def draw_training_noise(self, n: int) -> dict[str, Tensor]:
+        """The per-sample random draws of a training `forward` on `n` samples (noise in the broad sense:
+        e.g. diffusion noise, timesteps, crop offsets), from the global torch random stream.
+
+        Each value is `(n, ...)`, row i for sample i, and its key starts with
+        `lerobot.constants.TRAINING_NOISE_PREFIX`; `forward` reads them from its batch when they are there
+        and draws them itself with this method otherwise. The trainer draws them for the whole global batch
+        on every process and gives each its rows, so a sample gets the same draws on any number of
+        processes. By default a policy has none (`{}`).
+        """
+        return {}
+
     def on_reset(self, env_ids: Tensor | None) -> None:  # noqa: B027 - optional hook, empty by design
         """Hook for per-env state of a subclass (e.g. a planner's previous plan); `None` means all envs."""
 
@@ -82,14 +97,17 @@ class Policy(nn.Module, abc.ABC):
     # ----------------------------------------------------------------- hub layout
     @classmethod
     def from_pretrained(
-        cls, path_or_repo_id: str | Path, device: str | torch.device = "cpu", revision: str | None = None
+        cls,
+        path_or_repo_id: str | Path,
+        device: str | torch.device = "cpu",
+        revision: str | None = None,
+        **overrides: Any,
     ) -> Policy:
-        """The policy saved in a directory or hub repo (this project's hub layout, a training checkpoint
-        directory, or a LeRobot `pretrained_model`), in eval mode on `device`; see
-        `lerobot.policies.pretrained`. Called on a subclass, the saved policy must be one of it."""
-        from lerobot.policies.pretrained import PretrainedError, load_pretrained
-
-        policy = load_pretrained(path_or_repo_id, device=device, revision=revision)
+        """The policy saved in a directory or hub repo (a run directory or checkpoint, this project's hub
+        layout, or a LeRobot `pretrained_model`), in eval mode on `device`, with `overrides` of its config
+        fields applied and validated (e.g. `n_action_steps=1`). Called on a subclass, the saved policy must be
+        one of it. See `lerobot.checkpoints.load_policy`."""
+        policy = _checkpoints().load_policy(path_or_repo_id, device=device, revision=revision, **overrides)
         if not isinstance(policy, cls):
             raise PretrainedError(f"{path_or_repo_id} holds a {type(policy).__name__}, not a {cls.__name__}")
         return policy
@@ -98,9 +116,7 @@ class Policy(nn.Module, abc.ABC):
         """Write `config.json` and `model.safetensors` (weights and normalization statistics) into
         `save_dir`; `env_cfg`, when given, is recorded so that evaluation needs no env name. Returns
         `save_dir`."""
-        from lerobot.policies.pretrained import save_pretrained
-
-        return save_pretrained(self, save_dir, env_cfg)
+        return _checkpoints().hub.save_pretrained(self, save_dir, env_cfg)
 
     # ----------------------------------------------------------------- acting
     @property
@@ -224,6 +240,13 @@ class Policy(nn.Module, abc.ABC):
                 value = value[torch.arange(ids.size, device=value.device)[:, None], source.to(value.device)]
             history[key] = value
         return history
+
+
+def _checkpoints() -> ModuleType:
+    """`lerobot.checkpoints`, the formats a policy is saved in. They build policies through the registry, so
+    they sit a floor above this module: it names them, as the registry names the policy classes, rather than
+    importing them."""
+    return importlib.import_module("lerobot.checkpoints")
 
 
 # `chunk_step` of an env with an empty queue: far enough in the past that its queue reads as used up.

@@ -6,11 +6,12 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from lerobot.config import ConfigError, env_config
+from lerobot import distributed
+from lerobot.config import env_config
+from lerobot.errors import ConfigError
 from lerobot.policies.config import OFFLINE, ONLINE
 from lerobot.policies.factory import make_policy_config
-from lerobot.training import distributed
-from lerobot.training.run_dir import release_run_dir
+from lerobot.runtime.lock import release_run_dir
 
 
 def train(cfg: DictConfig) -> Path:

@@ -3,81 +3,19 @@
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
-import random
 import time
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from lerobot.config import ConfigError, env_config
-from lerobot.constants import EVAL_INFO_FILE
-from lerobot.envs import make_env, resolve_use_async
-from lerobot.policies.factory import inference_context
-from lerobot.policies.policy import Policy
-from lerobot.rollout import aggregate_episodes, eval_policy
-from lerobot.training import distributed
-from lerobot.training.checkpoint import remove_stale_temporaries
-from lerobot.training.run_dir import lock_run_dir, release_run_dir, resume_checkpoint
+from lerobot.checkpoints.run import remove_stale_temporaries
+from lerobot.errors import ConfigError
+from lerobot.runtime.lock import lock_run_dir, release_run_dir
+from lerobot.training.run_dir import resume_checkpoint
 
 log = logging.getLogger(__name__)
-
-
-class TrainingDivergedError(RuntimeError):
-    """The loss became NaN or infinite.
-
-    `update`, when known: the number (1-based, counted in this process) of the first update whose loss was not
-    finite. Found at log time (`StepMetrics`), it tells which weights gave that loss: those after update
-    `update - 1`.
-    """
-
-    def __init__(self, message: str, update: int | None = None):
-        super().__init__(message)
-        self.update = update
-
-
-def resolve_device(name: str) -> torch.device:
-    """The torch device that `device=<name>` asks for (see `RootConfig.device`), set up for use.
-
-    `auto` picks CUDA when a GPU is present, else MPS (Apple GPU) where available, else the CPU. A named device
-    that this machine lacks (`cuda` without a GPU, `cuda:1` with one GPU, `mps` off a Mac) is a config error.
-    On CUDA, float32 matmuls and convolutions use TF32 (bf16 autocast is `training.use_amp`).
-    """
-    if name == "auto":
-        if torch.cuda.is_available():
-            name = "cuda"
-        elif torch.backends.mps.is_available():
-            name = "mps"
-        else:
-            name = "cpu"
-    device = torch.device(name)
-    if device.type == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if (device.index or 0) >= count:
-            have = f"{count} CUDA GPU(s) (cuda:0..cuda:{count - 1})" if count else "no CUDA GPU"
-            raise ConfigError(f"device={name} but this machine has {have}; use device=auto or device=cpu")
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-    elif device.type == "mps" and not torch.backends.mps.is_available():
-        raise ConfigError(
-            f"device={name} but MPS (Apple GPU) is not available here; use device=auto or device=cpu"
-        )
-    log.info("device: %s", describe_device(device))
-    return device
-
-
-def describe_device(device: torch.device) -> str:
-    """`device` as the start-up line shows it, e.g. `cuda:0 (NVIDIA H200)` or `cpu (2 threads)`."""
-    if device.type == "cuda":
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        return f"cuda:{index} ({torch.cuda.get_device_name(index)}, TF32 matmuls)"
-    if device.type == "cpu":
-        return f"cpu ({torch.get_num_threads()} threads)"
-    return str(device)
 
 
 # A CPU run whose measured pace puts its end further away than this gets a warning naming `CPU_RECIPE`.
@@ -125,13 +63,6 @@ class CpuPace:
                 log.warning(warning)
 
 
-def set_seed(seed: int) -> None:
-    """Seed python, numpy and torch."""
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
 def setup_run(cfg: DictConfig) -> tuple[Path, Path | None]:
     """Create (or find) the run directory and lock it; return it and the checkpoint to resume from, if any.
 
@@ -163,113 +94,3 @@ def setup_run(cfg: DictConfig) -> tuple[Path, Path | None]:
         "run directory: %s (%s)", run_dir, f"resuming from {resume_from.name}" if resume_from else "new run"
     )
     return run_dir, resume_from
-
-
-def evaluate(cfg: DictConfig, policy: Policy, out_dir: Path, progress: bool = False) -> dict[str, Any]:
-    """Run `eval_policy` with the `eval` settings of `cfg`; write `out_dir/eval_info.json` and videos.
-
-    The env count is `min(eval.batch_size, episodes)`, sync or async per `eval.use_async_envs`. On N
-    processes (`distributed`) each one runs its contiguous share of the episodes, episode i with seed
-    `eval.start_seed + i` as on one process, in its own vector env of up to `eval.batch_size` envs; the
-    per-episode results are merged in episode order and aggregated once (identical to the one-process run
-    for a deterministic policy), and the main process writes `eval_info.json` and the videos (of its own
-    episodes, the first ones). Every process returns the merged results.
-    """
-    start, stop = distributed.share(cfg.eval.n_episodes)
-    main = distributed.is_main()
-    part = None
-    if stop > start:
-        part = _evaluate_episodes(
-            cfg,
-            policy,
-            start,
-            stop,
-            max_episodes_rendered=cfg.eval.max_episodes_rendered if main else 0,
-            videos_dir=Path(out_dir) / "videos" if main else None,
-            progress=progress and main,
-        )
-    parts = [(s, p) for s, p in distributed.gather((start, part)) if p is not None]
-    info = parts[0][1] if len(parts) == 1 else merge_eval_parts(parts)
-    info["config"] = OmegaConf.to_container(cfg, resolve=True)
-    if main:
-        write_json(Path(out_dir) / EVAL_INFO_FILE, info)
-    return info
-
-
-def _evaluate_episodes(
-    cfg: DictConfig,
-    policy: Policy,
-    start: int,
-    stop: int,
-    max_episodes_rendered: int,
-    videos_dir: Path | None,
-    progress: bool,
-) -> dict[str, Any]:
-    """`eval_policy` over episodes `[start, stop)` (seeds `eval.start_seed + i`) in a vector env of its own;
-    its rows count episodes from 0."""
-    env_cfg = env_config(cfg)
-    n_episodes = stop - start
-    n_envs = min(cfg.eval.batch_size, n_episodes)
-    use_async = resolve_use_async(cfg.eval.use_async_envs, env_cfg, n_envs)
-    log.info(
-        "evaluating %s on %s: episodes %d-%d of %d, %d %s envs",
-        cfg.policy.name,
-        env_cfg.name,
-        start,
-        stop - 1,
-        cfg.eval.n_episodes,
-        n_envs,
-        "async" if use_async else "sync",
-    )
-    env = make_env(env_cfg, n_envs, use_async=use_async, copy=False)
-    try:
-        # The policy's registered inference layer (e.g. Diffusion's CPU fast path), if its config enables it,
-        # built from the policy in eval mode.
-        policy.eval()
-        with inference_context(policy):
-            return eval_policy(
-                env,
-                policy,
-                n_episodes,
-                start_seed=cfg.eval.start_seed + start,
-                max_episodes_rendered=max_episodes_rendered,
-                videos_dir=videos_dir,
-                progress=progress,
-                step_timeout_s=cfg.eval.step_timeout_s,
-                schedule=cfg.eval.schedule,
-            )
-    finally:
-        env.close()
-
-
-def merge_eval_parts(parts: list[tuple[int, dict[str, Any]]]) -> dict[str, Any]:
-    """One `eval_policy` result from the results of consecutive episode ranges run side by side.
-
-    Args:
-        parts: `(first episode index, eval_policy result)` per range, in episode order.
-
-    Returns:
-        The per-episode rows renumbered and concatenated, figures aggregated over all of them, the wall
-        time of the slowest range, and every range's video paths.
-    """
-    per_episode = [
-        {**row, "episode_ix": first + row["episode_ix"]} for first, p in parts for row in p["per_episode"]
-    ]
-    aggs = [p["aggregated"] for _, p in parts]
-    busy = sum(a["env_steps"] for a in aggs)
-    # Each range's slot steps (idle slots included), recovered from its utilization.
-    slots = sum(round(a["env_steps"] / a["slot_utilization"]) for a in aggs)
-    aggregated = aggregate_episodes(per_episode, max(a["eval_s"] for a in aggs), busy, slots)
-    return {
-        "per_episode": per_episode,
-        "aggregated": aggregated,
-        "video_paths": [path for _, p in parts for path in p["video_paths"]],
-    }
-
-
-def write_json(path: Path, data: Any) -> None:
-    """Write JSON atomically."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    tmp.replace(path)

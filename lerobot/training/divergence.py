@@ -13,8 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 from types import TracebackType
 
-from lerobot.training.checkpoint import NonFiniteWeightsError, checkpoint_dir, list_checkpoints, set_last
-from lerobot.training.common import TrainingDivergedError
+from lerobot.checkpoints.run import checkpoint_dir, list_checkpoints, set_last
+from lerobot.errors import NonFiniteWeightsError, TrainingDivergedError
 
 
 class DivergenceGuard:

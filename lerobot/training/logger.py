@@ -11,6 +11,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from lerobot.runtime.atomic import atomic_write, write_text
+
 log = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
@@ -69,12 +71,8 @@ class MetricsLogger:
             )
 
     def _rewrite(self) -> None:
-        # Atomic (temp file + rename): a kill during the rewrite leaves the old file whole.
-        tmp = self.path.with_suffix(".tmp")
-        with open(tmp, "w") as f:
-            for record in self.records:
-                f.write(json.dumps(record) + "\n")
-        tmp.replace(self.path)
+        # Atomic: a kill during the rewrite leaves the old file whole.
+        write_text(self.path, "".join(json.dumps(record) + "\n" for record in self.records))
 
     def log(self, step: int, metrics: dict[str, float], split: str = "train") -> None:
         """Record `metrics` at `step` under `split` ("train" or "eval")."""
@@ -116,10 +114,10 @@ class MetricsLogger:
             ax.set_xlabel("step")
             ax.grid(alpha=0.3)
         fig.tight_layout()
-        tmp = self.run_dir / f".{CURVES_FILE}"
-        fig.savefig(tmp, format="png", dpi=80)
-        plt.close(fig)
-        tmp.replace(self.run_dir / CURVES_FILE)
+        try:
+            atomic_write(self.run_dir / CURVES_FILE, lambda tmp: fig.savefig(tmp, format="png", dpi=80))
+        finally:
+            plt.close(fig)
 
     def close(self) -> None:
         """Final plot and wandb shutdown."""

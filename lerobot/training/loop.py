@@ -16,7 +16,7 @@ own work between two `advance` calls:
 
 Each of the three is due when the counter crosses a multiple of its period (`training.log_freq`,
 `training.save_freq`, `eval.freq`; 0 disables evaluation) and after the last iteration. A stop signal
-(`lerobot.training.stop`) makes the current iteration the last: logging and a checkpoint are due, evaluation
+(`lerobot.runtime.signals`) makes the current iteration the last: logging and a checkpoint are due, evaluation
 is not. A resumed run whose first step's evaluation was due but never recorded (the process died while
 evaluating) has `eval_pending` set: the trainer evaluates before its first iteration.
 """
@@ -36,14 +36,15 @@ from omegaconf import DictConfig
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from lerobot.policies.batch_shard import sharded_batch
+from lerobot import distributed
+from lerobot.constants import LOSS_COUNT
+from lerobot.errors import TrainingDivergedError
+from lerobot.evaluation import evaluate
 from lerobot.policies.config import PolicyConfig
 from lerobot.policies.policy import Policy
-from lerobot.training import distributed
-from lerobot.training.checkpoint import get_rng_state, set_rng_state
-from lerobot.training.common import TrainingDivergedError, evaluate
+from lerobot.runtime.signals import EvaluationInterrupted, active
+from lerobot.seeding import get_rng_state, set_rng_state
 from lerobot.training.logger import MetricsLogger
-from lerobot.training.stop import EvaluationInterrupted, active
 
 log = logging.getLogger(__name__)
 
@@ -165,9 +166,14 @@ class TrainStep:
     optimizer. Nothing here waits for the device: a non-finite loss is found when `metrics` is read (at log
     time and before a checkpoint), which names the first update that had one.
 
-    On N processes (`distributed`) the batch is this process's shard of the global batch: the forward pass
-    runs through DDP under `batch_shard`, gradients are averaged over the processes, and the loss recorded
-    is the global batch's (an all-reduce queued on the device), so every process sees the same figures and
+    The per-sample random draws of the update (`Policy.draw_training_noise`) are made here and handed to
+    the policy in the batch. On N processes (`distributed`) the batch is this process's shard of the global
+    batch: every process draws for the whole global batch from the same seeded stream and keeps its rows,
+    so a sample gets the draws it gets on one process. The forward pass runs through DDP, which averages
+    the gradients over the processes; a policy that reports the count its loss averages over (`LOSS_COUNT`)
+    has its loss weighed by its share of the global count first (`distributed.loss_weight`), so the
+    averaged gradient is the global batch's mean loss's whatever the shards' counts. The loss recorded is
+    the global batch's (an all-reduce queued on the device), so every process sees the same figures and
     stops on the same divergence.
     """
 
@@ -195,16 +201,20 @@ class TrainStep:
         self.metrics = StepMetrics()
 
     def __call__(self, batch: dict[str, Tensor], where: str) -> dict[str, Tensor]:
-        """Update on `batch`; return the policy's outputs (detached) and `grad_norm` (before clipping), all
-        still on the device. They are also added to `metrics`, with `where` naming the update (e.g. "step 12")
-        in the error raised there when its loss was NaN or infinite."""
+        """Update on `batch` (tensors `(B, ...)`, this process's samples; this process's rows of the random
+        draws are added to it); return the policy's outputs (detached, `LOSS_COUNT` left out) and
+        `grad_norm` (before clipping), all still on the device. They are also added to `metrics`, with
+        `where` naming the update (e.g. "step 12") in the error raised there when its loss was NaN or
+        infinite."""
         self.policy.train()
-        with (
-            torch.autocast(self.device_type, dtype=torch.bfloat16, enabled=self.use_amp),
-            sharded_batch(distributed.batch_shard()),
-        ):
+        batch = {**batch, **shard_training_noise(self.policy, next(iter(batch.values())).shape[0])}
+        with torch.autocast(self.device_type, dtype=torch.bfloat16, enabled=self.use_amp):
             output = self.model(batch)
+        count = output.get(LOSS_COUNT)
+        output = {k: v for k, v in output.items() if k != LOSS_COUNT}
         loss = output["loss"]
+        if count is not None and distributed.active():
+            loss = loss * distributed.loss_weight(count)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.grad_clip_norm)
@@ -247,6 +257,19 @@ class TrainStep:
             yield
         finally:
             self.ema.restore(self.policy.parameters())
+
+
+def shard_training_noise(policy: Policy, local_size: int) -> dict[str, Tensor]:
+    """This process's rows of `policy`'s random draws for the global batch (`Policy.draw_training_noise`).
+
+    On process r of N: rows `[r * b, (r + 1) * b)` of `draw_training_noise(b * N)`, `b = local_size` the
+    samples of this process's batch; all the rows on one process. Every process draws for the whole global
+    batch from the same seeded stream, so its sample gets the draws it gets on one process and the random
+    streams advance as they do there.
+    """
+    start = distributed.rank() * local_size
+    draws = policy.draw_training_noise(local_size * distributed.world_size())
+    return {k: v[start : start + local_size] for k, v in draws.items()}
 
 
 def to_device(batch: dict[str, Tensor], device: torch.device) -> dict[str, Tensor]:

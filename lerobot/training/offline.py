@@ -19,15 +19,18 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from lerobot.config import ConfigError, env_config
+from lerobot import distributed
+from lerobot.checkpoints.run import load_training_state, save_checkpoint
+from lerobot.config import env_config
 from lerobot.datasets import EpisodeDataset, cycle_batches, import_dataset, make_dataset
+from lerobot.devices import resolve_device
+from lerobot.errors import ConfigError
 from lerobot.policies.config import PolicyConfig
 from lerobot.policies.factory import make_policy, make_policy_config
 from lerobot.policies.online_policy import OnlinePolicy
 from lerobot.policies.policy import Policy
-from lerobot.training import distributed
-from lerobot.training.checkpoint import get_rng_state, load_training_state, save_checkpoint, set_rng_state
-from lerobot.training.common import CpuPace, resolve_device, set_seed, setup_run
+from lerobot.seeding import get_rng_state, set_rng_state, set_seed
+from lerobot.training.common import CpuPace, setup_run
 from lerobot.training.divergence import DivergenceGuard
 from lerobot.training.loop import TrainingLoop, TrainStep, to_device
 

@@ -38,21 +38,18 @@ import torch
 from gymnasium.vector import AutoresetMode
 from omegaconf import DictConfig
 
-from lerobot.config import ConfigError, EnvConfig, env_config
+from lerobot.checkpoints.run import load_training_state, read_weights, save_checkpoint
+from lerobot.config import EnvConfig, env_config
 from lerobot.constants import ACTION, EPISODE_INDEX, NEXT_REWARD
+from lerobot.devices import resolve_device
 from lerobot.envs import make_env, observation_to_batch
+from lerobot.errors import ConfigError
 from lerobot.policies.config import PolicyConfig
 from lerobot.policies.factory import make_policy, make_policy_config
 from lerobot.policies.online_policy import OnlinePolicy
-from lerobot.rollout import NonFiniteActionError
-from lerobot.training.checkpoint import (
-    get_rng_state,
-    load_training_state,
-    load_weights,
-    save_checkpoint,
-    set_rng_state,
-)
-from lerobot.training.common import resolve_device, set_seed, setup_run
+from lerobot.rollout import act
+from lerobot.seeding import get_rng_state, set_rng_state, set_seed
+from lerobot.training.common import setup_run
 from lerobot.training.divergence import DivergenceGuard
 from lerobot.training.loop import TrainingLoop, TrainStep, to_device
 from lerobot.training.replay_buffer import ReplayBuffer, sample_mixed
@@ -193,8 +190,15 @@ class Collector:
 
     The envs autoreset in the same step (`AutoresetMode.SAME_STEP`), so every vector step is a real transition
     for every env. Actions are uniform random while `schedule.random_actions` says so, the policy's (with
-    `explore` on) afterwards. `episodes` gathers the returns and lengths of the episodes the envs finish.
+    `explore` on, through the acting step `lerobot.rollout.act`) afterwards; a NaN or infinite one stops
+    the run before it reaches an env (it would poison the env's state and the replay buffer). `episodes`
+    gathers the returns and lengths of the episodes the envs finish.
     """
+
+    # What the message of a non-finite action advises.
+    NON_FINITE_ADVICE = (
+        "The policy diverged: resume from an earlier checkpoint with a lower policy.optimizer_lr"
+    )
 
     def __init__(
         self,
@@ -230,6 +234,10 @@ class Collector:
 
     def collect(self, transitions: int) -> int:
         """Take `train_freq` vector steps, `transitions` having been collected before; return the new total."""
+
+        def describe_slot(slot: int) -> str:  # read when an action is refused: the count at that step
+            return f"train env slot {slot} after {transitions} transitions"
+
         self.policy.eval()
         self.policy.explore = True
         try:
@@ -237,8 +245,7 @@ class Collector:
                 if self.schedule.random_actions(transitions):
                     action = self.envs.action_space.sample()
                 else:
-                    action = self.policy.select_action(observation_to_batch(self.obs, self.device)).numpy()
-                    _refuse_non_finite(action, transitions)
+                    action = act(self.policy, self.obs, self.device, describe_slot, self.NON_FINITE_ADVICE)
                 next_obs, reward, terminated, truncated, info = self.envs.step(action)
                 self.buffer.add_env_step(
                     self.obs, action, reward, next_obs, terminated, truncated, info, AutoresetMode.SAME_STEP,
@@ -258,19 +265,6 @@ class Collector:
     def close(self) -> None:
         """Close the train envs."""
         self.envs.close()
-
-
-def _refuse_non_finite(action: np.ndarray, transitions: int) -> None:
-    """Stop before a NaN or infinite (n_envs, action_dim) action reaches a train env (it would poison the
-    env's state and the replay buffer)."""
-    finite = np.isfinite(action.reshape(action.shape[0], -1)).all(axis=1)
-    if not finite.all():
-        slot = int(np.flatnonzero(~finite)[0])
-        raise NonFiniteActionError(
-            f"the policy returned a non-finite action {action[slot].tolist()} for train env slot {slot} after "
-            f"{transitions} transitions; it was not sent to the env. The policy diverged: resume from an "
-            "earlier checkpoint with a lower policy.optimizer_lr"
-        )
 
 
 class _LogWindow:
@@ -356,7 +350,7 @@ def restore(
 
     The replay buffer is restored when the checkpoint holds one, else `buffer` stays empty.
     """
-    policy.load_state_dict(load_weights(ckpt_dir)[0])
+    policy.load_state_dict(read_weights(ckpt_dir)[0])
     state = load_training_state(ckpt_dir)
     update.optimizer.load_state_dict(state["optimizer"])
     update.scheduler.load_state_dict(state["lr_scheduler"])

@@ -16,12 +16,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from omegaconf import DictConfig
-
-from lerobot.config import ConfigError
 from lerobot.constants import ACTION_KIND, ENV_STATE, STATE, VISUAL
+from lerobot.errors import ConfigError
 from lerobot.policies.config import OFFLINE, PolicyConfig
-from lerobot.policies.diffusion.fast_inference import FastInferenceConfig, upgrade_legacy_section
 from lerobot.policies.normalize import MEAN_STD, MIN_MAX, NORMALIZATION_MODES
 
 SCHEDULERS = ("DDPM", "DDIM")
@@ -81,9 +78,6 @@ class DiffusionConfig(PolicyConfig):
     # Inference: "DDPM" or "DDIM" (deterministic, eta=0) with `num_inference_steps` (None = num_train_timesteps).
     inference_scheduler: str = "DDPM"
     num_inference_steps: int | None = None
-    # How chunks are generated at evaluation (`policy.inference.fast=true ...`): an opt-in layer applied by
-    # `fast_inference_context`; it never changes the weights or the checkpoint.
-    inference: FastInferenceConfig = field(default_factory=FastInferenceConfig)
 
     # Loss: ignore the U-Net's error on padded actions (past the episode's end).
     do_mask_loss_for_padding: bool = True
@@ -134,11 +128,6 @@ class DiffusionConfig(PolicyConfig):
         return key, feature.shape[0]
 
     # ------------------------------------------------------------------ validation
-    @classmethod
-    def upgrade_saved(cls, section: DictConfig) -> DictConfig:
-        """Configs saved before `inference` became a section hold flat `inference_*` keys: move them."""
-        return upgrade_legacy_section(section)
-
     def validate(self) -> None:
         """Resolve modality-dependent defaults, then raise `ConfigError` on inconsistent settings."""
         has_images = bool(self.image_features)
@@ -198,7 +187,6 @@ class DiffusionConfig(PolicyConfig):
         ):
             if value not in allowed:
                 raise ConfigError(f"policy.{key}={value!r}: expected one of {allowed}")
-        self.inference.validate()
         if self.num_train_timesteps < 1:
             raise ConfigError(f"policy.num_train_timesteps={self.num_train_timesteps} must be >= 1")
         if (

@@ -2,12 +2,14 @@
 
 Training (`forward`): add noise at a random diffusion step to the normalized action sequence of the
 dataset sample and regress the noise (epsilon prediction) with the 1-D U-Net, conditioned on the features of
-the last `n_obs_steps` observations.
+the last `n_obs_steps` observations. The random numbers of a sample (its crop offsets, noise and diffusion
+step) are `draw_training_noise`'s; `forward` takes them from the batch when the trainer put them there and
+draws them itself otherwise. Its loss is the plain (masked) mean over its batch, and it reports what it
+averaged over (`LOSS_COUNT`).
 
 Inference (`predict_action_chunk`): start from Gaussian noise `(B, horizon, A)` and denoise it step by step
-(DDPM, or DDIM with fewer steps) under the same conditioning; unnormalize. The networks a chunk runs are
-`chunk_networks` (`ChunkNetworks`): by default the modules themselves; an equivalent form of them (same
-weights, other kernels) can stand in at evaluation.
+(DDPM, or DDIM with fewer steps) under the same conditioning; unnormalize. The sampler calls the U-Net
+through `condition` (once per chunk) and `denoise` (once per step).
 
 Alignment of the action horizon with the observation history (n_obs_steps = 2, horizon = 16, at step t):
 
@@ -23,18 +25,15 @@ offsets -(n_obs_steps-1)/fps .. (horizon-n_obs_steps)/fps), so `predict_action_c
 
 from __future__ import annotations
 
-import contextlib
+import functools
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, Protocol
 
 import einops
 import torch
 from diffusers import DDIMScheduler, DDPMScheduler
 from torch import Tensor, nn
 
-from lerobot.constants import ACTION_IS_PAD
-from lerobot.policies.batch_shard import current_shard
+from lerobot.constants import ACTION_IS_PAD, LOSS_COUNT, TRAINING_NOISE_PREFIX
 from lerobot.policies.diffusion.configuration import DiffusionConfig
 from lerobot.policies.diffusion.unet import ConditionalUnet1D
 from lerobot.policies.diffusion.vision import RgbEncoder
@@ -42,6 +41,11 @@ from lerobot.policies.normalize import Normalize, Unnormalize
 from lerobot.policies.policy import Policy
 
 _SCHEDULERS = {"DDPM": DDPMScheduler, "DDIM": DDIMScheduler}
+
+# The per-sample draws of a training batch (`DiffusionPolicy.draw_training_noise`).
+CROP_OFFSETS = TRAINING_NOISE_PREFIX + "crop_offsets"  # (B, n_obs_steps, N_cam, 2) int64: (top, left)
+ACTION_NOISE = TRAINING_NOISE_PREFIX + "action"  # (B, horizon, A) float32
+TIMESTEPS = TRAINING_NOISE_PREFIX + "timesteps"  # (B,) int64 in [0, num_train_timesteps)
 
 
 def make_noise_scheduler(config: DiffusionConfig, name: str) -> DDPMScheduler | DDIMScheduler:
@@ -77,34 +81,6 @@ def edge_pad_actions(actions: Tensor, is_pad: Tensor) -> Tensor:
     return torch.gather(actions, 1, einops.repeat(source, "b t -> b t a", a=actions.shape[-1]))
 
 
-class Denoiser(Protocol):
-    """The U-Net as the sampler calls it (`ConditionalUnet1D` is one): `condition` once per chunk, then
-    `denoise` at every step."""
-
-    def condition(self, global_cond: Tensor, timesteps: Tensor) -> Any:
-        """What the steps of one chunk share, from `global_cond` (B, G) and the scheduler's `timesteps`."""
-        ...
-
-    def denoise(self, sample: Tensor, conditioning: Any, index: int) -> Tensor:
-        """The prediction (B, T, A) for `sample` (B, T, A) at the `index`-th of the chunk's timesteps."""
-        ...
-
-
-@dataclass(frozen=True)
-class ChunkNetworks:
-    """What `predict_action_chunk` runs instead of the policy's own modules, when set as `chunk_networks`.
-
-    Attributes:
-        encoder: images `(N, C, H, W)` -> features `(N, F)`; None: the policy's `rgb_encoder`.
-        denoiser: the U-Net's stand-in.
-        context: what both run inside during one chunk, e.g. an autocast (entered once per chunk).
-    """
-
-    encoder: Callable[[Tensor], Tensor] | None
-    denoiser: Denoiser
-    context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
-
-
 class DiffusionPolicy(Policy):
     """Diffusion Policy with a conditional 1-D U-Net, for image or low-dimensional (keypoint) observations.
 
@@ -117,9 +93,6 @@ class DiffusionPolicy(Policy):
     Attributes:
         generator: optional `torch.Generator` for the inference noise, used when `predict_action_chunk` gets
             none (so `select_action` through the base class is reproducible too).
-        chunk_networks: None (the default): chunks run the policy's modules. Set, chunks run its
-            networks, which must compute the same function of the same weights (e.g. a form prepared for
-            fast inference); they are not submodules, so neither the state dict nor `.to()` sees them.
     """
 
     def __init__(
@@ -129,7 +102,6 @@ class DiffusionPolicy(Policy):
         super().__init__(n_obs_steps=config.n_obs_steps, n_action_steps=config.n_action_steps)
         self.config = config
         self.generator: torch.Generator | None = None
-        self.chunk_networks: ChunkNetworks | None = None
 
         self.normalize_inputs = Normalize(config.input_features, config.normalization_mapping, dataset_stats)
         self.normalize_targets = Normalize(
@@ -193,18 +165,39 @@ class DiffusionPolicy(Policy):
         return einops.rearrange(per_step, "b s f -> b (s f)")
 
     # ------------------------------------------------------------------ training
+    def draw_training_noise(self, n: int) -> dict[str, Tensor]:
+        """The random numbers of a training `forward` on `n` samples, one row per sample, in the order
+        `forward` uses them: the random crops' offsets of every image (`CROP_OFFSETS`, when the encoder
+        crops randomly in its current mode), then the noise (`ACTION_NOISE`), then the diffusion steps
+        (`TIMESTEPS`).
+
+        All come from the CPU stream (a few KB), whatever device or GPU count trains, so a checkpoint's CPU
+        random state resumes them exactly; `forward` copies them to the device without waiting for it.
+        """
+        draws = {}
+        if self.image_keys:
+            n_images = self.n_obs_steps * len(self.image_keys)
+            offsets = self.rgb_encoder.draw_crop_offsets(n * n_images)  # ((n s c), 2), as the images flatten
+            if offsets is not None:
+                draws[CROP_OFFSETS] = offsets.view(n, self.n_obs_steps, len(self.image_keys), 2)
+        draws[ACTION_NOISE] = torch.randn((n, self.config.horizon, self.config.action_dim), device="cpu")
+        draws[TIMESTEPS] = torch.randint(0, self.config.num_train_timesteps, (n,), device="cpu")
+        return draws
+
     def forward(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
         """Denoising loss of one dataset batch.
 
         Args:
             batch: observations `(B, n_obs_steps, ...)`, `action` `(B, horizon, A)` and optionally
-                `action_is_pad` `(B, horizon)` (True past the episode's end).
+                `action_is_pad` `(B, horizon)` (True past the episode's end). The per-sample random draws
+                (`draw_training_noise`) are read from its `TRAINING_NOISE_PREFIX` entries when it has any,
+                and drawn here otherwise.
 
         Returns:
-            `{"loss": scalar}`: MSE between the U-Net's prediction and its target (the noise for epsilon
-            prediction, the clean actions for sample prediction), averaged over real (unpadded) actions when
-            `do_mask_loss_for_padding`. Under a sharded update (`batch_shard`) the batch is one shard of the
-            global batch and the mean of the shards' losses is the global batch's loss.
+            `{"loss": scalar, LOSS_COUNT: scalar}`: the MSE between the U-Net's prediction and its target
+            (the noise for epsilon prediction, the clean actions for sample prediction), averaged over the
+            real (unpadded) action values of the batch when `do_mask_loss_for_padding`, over all of them
+            otherwise; `LOSS_COUNT` is the number of values it averaged over (not differentiable).
         """
         self._check_obs(batch)
         actions = batch[self.action_key]
@@ -218,18 +211,17 @@ class DiffusionPolicy(Policy):
         if is_pad is not None:
             actions = edge_pad_actions(actions, is_pad)
 
-        global_cond = self.global_conditioning(batch)
-        # Noise and timesteps are drawn for the global batch and sliced (see `batch_shard`): on N
-        # processes every sample gets what it gets on one. They are drawn on the CPU (a few KB), so that
-        # they come from the one seeded CPU stream whatever device or GPU count trains, and a checkpoint's
-        # CPU random state resumes them exactly; the copies to the device do not wait for it.
-        shard, local = current_shard(), actions.shape[0]
-        noise = shard.rows(lambda n: torch.randn((n, *actions.shape[1:]), device="cpu"), local)
-        steps = shard.rows(
-            lambda n: torch.randint(0, self.config.num_train_timesteps, (n,), device="cpu"), local
-        )
-        noise = noise.to(actions.device, actions.dtype, non_blocking=True)
-        steps = steps.to(actions.device, non_blocking=True)
+        # The draws the trainer made for this batch, or this batch's own (on one process the same).
+        draws = {k: v for k, v in batch.items() if k.startswith(TRAINING_NOISE_PREFIX)}
+        draws = draws or self.draw_training_noise(actions.shape[0])
+        encoder = None
+        if CROP_OFFSETS in draws:
+            offsets = einops.rearrange(draws[CROP_OFFSETS], "b s n xy -> (b s n) xy")  # as the images flatten
+            encoder = functools.partial(self.rgb_encoder, crop_offsets=offsets)
+        global_cond = self.global_conditioning(batch, encoder)
+        # The copies to the device do not wait for it.
+        noise = draws[ACTION_NOISE].to(actions.device, actions.dtype, non_blocking=True)
+        steps = draws[TIMESTEPS].to(actions.device, non_blocking=True)
         noisy = self.noise_scheduler.add_noise(actions, noise, steps)
         prediction = self.unet(noisy, steps, global_cond)
         target = noise if self.config.prediction_type == "epsilon" else actions
@@ -237,13 +229,12 @@ class DiffusionPolicy(Policy):
 
         if self.config.do_mask_loss_for_padding and is_pad is not None:
             real = einops.rearrange(~is_pad, "b t -> b t 1").to(error.dtype)
-            # Divided by the real actions of the global batch (per shard, scaled so that the mean of the
-            # shards' losses is the global batch's loss).
-            real_actions = shard.total(real.sum()) * error.shape[-1]
-            loss = (error * real).sum() / (real_actions.clamp_min(1.0) / shard.count)
+            count = real.sum() * error.shape[-1]  # real action values
+            loss = (error * real).sum() / count.clamp_min(1.0)
         else:
+            count = error.new_full((), error.numel())
             loss = error.mean()
-        return {"loss": loss}
+        return {"loss": loss, LOSS_COUNT: count}
 
     # ------------------------------------------------------------------ inference
     @property
@@ -256,15 +247,12 @@ class DiffusionPolicy(Policy):
         return self._inference_schedulers[name]
 
     @torch.no_grad()
-    def sample_actions(
-        self, global_cond: Tensor, generator: torch.Generator | None = None, denoiser: Denoiser | None = None
-    ) -> Tensor:
+    def sample_actions(self, global_cond: Tensor, generator: torch.Generator | None = None) -> Tensor:
         """Denoise Gaussian noise into normalized actions `(B, horizon, A)` given `global_cond` `(B, G)`.
 
         Uses `config.inference_scheduler` with `config.num_inference_steps` (None: num_train_timesteps) and
-        `denoiser` (default `self.unet`). The noise, the sample and the scheduler's arithmetic are fp32
-        whatever the denoiser computes in, so the same generator gives the same noise."""
-        denoiser = self.unet if denoiser is None else denoiser
+        the U-Net's `condition` / `denoise`. The noise, the sample and the scheduler's arithmetic are fp32
+        whatever the U-Net computes in, so the same generator gives the same noise."""
         scheduler = self.inference_noise_scheduler
         num_steps = self.config.num_inference_steps or self.config.num_train_timesteps
         device = global_cond.device
@@ -277,9 +265,9 @@ class DiffusionPolicy(Policy):
         ).to(device)
         scheduler.set_timesteps(num_steps)
         timesteps = scheduler.timesteps  # a CPU tensor: reading a step costs no device sync
-        conditioning = denoiser.condition(global_cond, timesteps)
+        conditioning = self.unet.condition(global_cond, timesteps)
         for i, step in enumerate(timesteps):
-            prediction = denoiser.denoise(sample, conditioning, i).float()
+            prediction = self.unet.denoise(sample, conditioning, i).float()
             # The sampler's arithmetic (and the sample it accumulates) stays fp32 under any autocast. The
             # scheduler's bookkeeping tensors (some created without a device) stay on the host with its
             # tables, whatever the default device.
@@ -298,15 +286,12 @@ class DiffusionPolicy(Policy):
             generator: seeds the initial noise and the DDPM noise; defaults to `self.generator`.
 
         The denoised horizon starts at the first observation step; index `n_obs_steps - 1` is the current
-        step and is returned as index 0 (see the module docstring). The networks are `chunk_networks` when
-        set, the modules otherwise.
+        step and is returned as index 0 (see the module docstring).
         """
         self._check_obs(batch)
         generator = generator if generator is not None else self.generator
         batch = self.normalize_inputs(batch)
-        networks = self.chunk_networks or ChunkNetworks(encoder=None, denoiser=self.unet)
-        with networks.context():
-            global_cond = self.global_conditioning(batch, networks.encoder)
-            actions = self.sample_actions(global_cond.float(), generator, networks.denoiser)
+        global_cond = self.global_conditioning(batch)
+        actions = self.sample_actions(global_cond.float(), generator)
         actions = self.unnormalize_outputs({self.action_key: actions})[self.action_key]
         return actions[:, self.n_obs_steps - 1 :]

@@ -3,6 +3,9 @@
 Chi et al. 2023 train a ResNet-18 from scratch, replace BatchNorm with GroupNorm (BatchNorm interacts badly
 with the EMA of the weights) and its global average pooling with a spatial softmax, which keeps *where*
 features fire: each of K learned keypoint maps becomes its expected (x, y) image coordinate.
+
+In training the crops are random, one offset per image; the offsets are among the policy's per-sample draws
+(`DiffusionPolicy.draw_training_noise`), which the trainer may make and hand to `forward` in the batch.
 """
 
 from __future__ import annotations
@@ -13,8 +16,6 @@ import einops
 import torch
 import torchvision
 from torch import Tensor, nn
-
-from lerobot.policies.batch_shard import WHOLE_BATCH, BatchShard, current_shard
 
 if TYPE_CHECKING:
     from lerobot.policies.diffusion.configuration import DiffusionConfig
@@ -137,26 +138,40 @@ def use_autocast_friendly_convs(module: nn.Module) -> nn.Module:
     return module
 
 
+def draw_crop_offsets(
+    n: int, image_size: tuple[int, int], size: tuple[int, int], generator: torch.Generator | None = None
+) -> Tensor:
+    """Random top-left corners `(n, 2)`, as (top, left), of `size` (h, w) crops of `image_size` (H, W) images.
+
+    All the tops are drawn, then all the lefts, on the CPU stream (or the generator's device): the same
+    offsets whatever device trains, resumed exactly from a checkpoint's CPU random state.
+    """
+    height, width = image_size
+    h, w = size
+    device = generator.device if generator is not None else "cpu"
+    top = torch.randint(0, height - h + 1, (n,), generator=generator, device=device)
+    left = torch.randint(0, width - w + 1, (n,), generator=generator, device=device)
+    return torch.stack([top, left], dim=-1)
+
+
 def random_crop(
     images: Tensor,
     size: tuple[int, int],
     generator: torch.Generator | None = None,
-    shard: BatchShard | None = None,
+    offsets: Tensor | None = None,
 ) -> Tensor:
     """Crop every image of `images` (N, C, H, W) at its own random offset to `(N, C, h, w)`.
 
-    With `shard`, the images are that shard of the global batch's images (in sample order) and the offsets
-    are its rows of the offsets drawn for all of them (see `batch_shard`).
+    `offsets` (N, 2) are the crops' top-left corners (`draw_crop_offsets`); None: drawn here, from
+    `generator` when given.
     """
     n, _, height, width = images.shape
     h, w = size
-    # Drawn for the global batch and sliced (see `batch_shard`), on the CPU stream (or the generator's
-    # device): the same offsets on any number of processes or GPUs, resumed exactly from the checkpoint's CPU
-    # random state; the (N,) copy to the images' device does not wait for the device.
-    shard, device = shard or WHOLE_BATCH, generator.device if generator is not None else "cpu"
-    top = shard.rows(lambda k: torch.randint(0, height - h + 1, (k,), generator=generator, device=device), n)
-    left = shard.rows(lambda k: torch.randint(0, width - w + 1, (k,), generator=generator, device=device), n)
-    top, left = top.to(images.device, non_blocking=True), left.to(images.device, non_blocking=True)
+    if offsets is None:
+        offsets = draw_crop_offsets(n, (height, width), size, generator)
+    # The (N, 2) copy to the images' device does not wait for the device.
+    offsets = offsets.to(images.device, non_blocking=True)
+    top, left = offsets[:, 0], offsets[:, 1]
     rows = top[:, None] + torch.arange(h, device=images.device)  # (N, h)
     cols = left[:, None] + torch.arange(w, device=images.device)  # (N, w)
     samples = torch.arange(n, device=images.device)
@@ -185,7 +200,9 @@ def center_crop(images: Tensor, size: tuple[int, int]) -> Tensor:
 class RgbEncoder(nn.Module):
     """Images `(N, C, H, W)` (normalized) -> features `(N, feature_dim)`, `feature_dim = 2 * num_keypoints`.
 
-    Crops randomly in training mode (if `crop_is_random`) and centrally in eval mode.
+    Crops randomly in training mode (if `crop_is_random`) and centrally in eval mode. The random crops'
+    offsets can be given to `forward` (drawn beforehand with `draw_crop_offsets`); otherwise they are drawn
+    there.
     """
 
     def __init__(self, config: DiffusionConfig):
@@ -195,6 +212,8 @@ class RgbEncoder(nn.Module):
         self.resize_shape = tuple(config.resize_shape) if config.resize_shape is not None else None
         self.crop_shape = tuple(config.crop_shape) if config.crop_shape is not None else None
         self.crop_is_random = config.crop_is_random
+        # The size images have when they reach the crop.
+        self.crop_input_shape = self.resize_shape or (height, width)
 
         resnet = torchvision.models.get_model(
             config.vision_backbone, weights=config.pretrained_backbone_weights
@@ -215,12 +234,29 @@ class RgbEncoder(nn.Module):
         self.out = nn.Sequential(nn.Linear(self.feature_dim, self.feature_dim), nn.ReLU())
         use_autocast_friendly_convs(self)
 
-    def forward(self, images: Tensor) -> Tensor:
-        """`images` (N, C, H, W) -> `(N, feature_dim)`."""
+    def draw_crop_offsets(self, n: int) -> Tensor | None:
+        """The offsets `(n, 2)` of the random crops of `n` images in a `forward` pass, drawn from the global
+        random stream as `forward` draws them; None when this encoder does not crop randomly in its current
+        mode (evaluation, no crop, `crop_is_random` off, or a crop the size of the image)."""
+        if not (
+            self.training
+            and self.crop_is_random
+            and self.crop_shape is not None
+            and self.crop_input_shape != self.crop_shape
+        ):
+            return None
+        return draw_crop_offsets(n, self.crop_input_shape, self.crop_shape)
+
+    def forward(self, images: Tensor, crop_offsets: Tensor | None = None) -> Tensor:
+        """`images` (N, C, H, W) -> `(N, feature_dim)`.
+
+        `crop_offsets` (N, 2): the random crops' top-left corners (`draw_crop_offsets`), read in training
+        mode; None: drawn here.
+        """
         images = resize(images, self.resize_shape)
         if self.crop_shape is not None and images.shape[-2:] != self.crop_shape:
             if self.training and self.crop_is_random:
-                images = random_crop(images, self.crop_shape, shard=current_shard())
+                images = random_crop(images, self.crop_shape, offsets=crop_offsets)
             else:
                 images = center_crop(images, self.crop_shape)
         keypoints = self.pool(self.backbone(images))  # (N, K, 2)

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lerobot.config import ConfigError
 from lerobot.constants import ENV_STATE, STATE, VISUAL
+from lerobot.errors import ConfigError
 from lerobot.policies.config import ONLINE, PolicyConfig
 
 

@@ -10,7 +10,7 @@ This project's layout:
 
 Every training checkpoint directory holds both files, so it is itself a pretrained directory. A LeRobot
 `pretrained_model` directory (its `config.json` has a `type` and no `format`) is read by the importer of its
-policy type (`lerobot.policies.diffusion.lerobot_import`).
+policy type (`lerobot.checkpoints.lerobot_diffusion`).
 
 `load_pretrained` also takes a hub repo id (`user/name`): the repo is fetched with `huggingface_hub` into its
 cache, which `HF_HUB_OFFLINE=1` restricts to what is already there.
@@ -19,8 +19,6 @@ cache, which `HF_HUB_OFFLINE=1` restricts to what is already there.
 from __future__ import annotations
 
 import json
-import os
-import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,10 +29,12 @@ from omegaconf import OmegaConf
 from safetensors.torch import load_file
 from safetensors.torch import save as safetensors_bytes
 
-from lerobot.config import ConfigError, EnvConfig, FeatureConfig
+from lerobot.config import EnvConfig, FeatureConfig
+from lerobot.errors import ConfigError, PretrainedError
 from lerobot.policies.config import PolicyConfig
-from lerobot.policies.factory import make_policy, make_policy_config
+from lerobot.policies.factory import make_policy
 from lerobot.policies.policy import Policy
+from lerobot.runtime.atomic import atomic_write, write_text
 
 CONFIG_JSON = "config.json"
 MODEL_FILE = "model.safetensors"
@@ -44,10 +44,6 @@ FORMAT_VERSION = 1
 LEROBOT_MODEL_DIR = "pretrained_model"
 # What a hub download fetches: configs, weights and (LeRobot) processor states.
 _HUB_PATTERNS = ["*.json", "*.safetensors"]
-
-
-class PretrainedError(ValueError):
-    """A pretrained directory or repo is missing, unreadable or in a format/config this project cannot load."""
 
 
 @dataclass(frozen=True)
@@ -91,21 +87,6 @@ def hub_config(policy_cfg: PolicyConfig, env_cfg: EnvConfig | None = None) -> di
     }
 
 
-def _replace_atomically(path: Path, write) -> None:
-    """Call `write(tmp_path)` on a temporary sibling of `path`, then rename it over `path`.
-
-    The sibling is created by `write` itself (not `tempfile`, whose files are 0600), so the file's mode
-    follows the user's umask.
-    """
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def write_hub_config(
     save_dir: Path | str, policy_cfg: PolicyConfig, env_cfg: EnvConfig | None = None
 ) -> Path:
@@ -116,8 +97,7 @@ def write_hub_config(
     """
     path = Path(save_dir) / CONFIG_JSON
     text = json.dumps(hub_config(policy_cfg, env_cfg), indent=2) + "\n"
-    _replace_atomically(path, lambda tmp: tmp.write_text(text))
-    return path
+    return write_text(path, text)
 
 
 def save_pretrained(policy: Policy, save_dir: Path | str, env_cfg: EnvConfig | None = None) -> Path:
@@ -126,7 +106,7 @@ def save_pretrained(policy: Policy, save_dir: Path | str, env_cfg: EnvConfig | N
     save_dir.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous().cpu() for k, v in policy.state_dict().items()}
     # Through a Python file, not safetensors' own writer, so that the mode follows the umask.
-    _replace_atomically(save_dir / MODEL_FILE, lambda tmp: tmp.write_bytes(safetensors_bytes(state)))
+    atomic_write(save_dir / MODEL_FILE, lambda tmp: tmp.write_bytes(safetensors_bytes(state)))
     write_hub_config(save_dir, policy.config, env_cfg)
     return save_dir
 
@@ -137,7 +117,7 @@ def push_to_hub(save_dir: Path | str, repo_id: str, private: bool = False, token
     from huggingface_hub import HfApi
 
     save_dir = Path(save_dir)
-    read_spec(save_dir)  # refuse to upload something that would not load back
+    read_spec(save_dir, read_json(save_dir / CONFIG_JSON))  # refuse to upload what would not load back
     api = HfApi(token=token)
     api.create_repo(repo_id, private=private, exist_ok=True)
     info = api.upload_folder(folder_path=save_dir, repo_id=repo_id, allow_patterns=_HUB_PATTERNS)
@@ -198,38 +178,22 @@ def read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def read_spec(path: Path | str) -> PretrainedSpec:
-    """Read the `config.json` of a local pretrained directory (this project's layout or LeRobot's)."""
-    directory = pretrained_dir(path)
-    if directory is None:
-        raise PretrainedError(f"{path} holds no {CONFIG_JSON} (nor {LEROBOT_MODEL_DIR}/{CONFIG_JSON})")
-    config = read_json(directory / CONFIG_JSON)
-    if config.get("format") == FORMAT:
-        if config.get("format_version") != FORMAT_VERSION:
-            raise PretrainedError(
-                f"{directory / CONFIG_JSON} has format_version {config.get('format_version')!r}; this version "
-                f"reads {FORMAT_VERSION}"
-            )
-        try:
-            features = {k: FeatureConfig(**v) for k, v in config["features"].items()}
-            policy = dict(config["policy"])
-        except (KeyError, TypeError, AttributeError) as e:
-            raise PretrainedError(f"{directory / CONFIG_JSON} is incomplete or malformed ({e})") from None
-        return PretrainedSpec(directory, FORMAT, policy, features, config.get("env"))
-    if "type" in config:
-        from lerobot.policies.diffusion import lerobot_import
-
-        if config["type"] != lerobot_import.LEROBOT_TYPE:
-            raise PretrainedError(
-                f"{directory / CONFIG_JSON}: LeRobot policy type {config['type']!r} is not supported; "
-                f"only {lerobot_import.LEROBOT_TYPE!r} checkpoints load here"
-            )
-        policy, features = lerobot_import.convert_config(config, directory / CONFIG_JSON)
-        return PretrainedSpec(directory, lerobot_import.SOURCE, policy, features, None)
-    raise PretrainedError(
-        f"{directory / CONFIG_JSON} is neither this project's policy config (no 'format') nor a LeRobot one "
-        "(no 'type')"
-    )
+def read_spec(directory: Path, config: dict[str, Any]) -> PretrainedSpec:
+    """The spec of a directory in this project's layout, from its `config.json` content `config`."""
+    if config.get("format_version") != FORMAT_VERSION:
+        raise PretrainedError(
+            f"{directory / CONFIG_JSON} has format_version {config.get('format_version')!r}; this version "
+            f"reads {FORMAT_VERSION}"
+        )
+    try:
+        features = {k: FeatureConfig(**v) for k, v in config["features"].items()}
+        policy = dict(config["policy"])
+    except (KeyError, TypeError, AttributeError) as e:
+        raise PretrainedError(f"{directory / CONFIG_JSON} is incomplete or malformed ({e})") from None
+    # Saved before the inference settings left the policy config: they are an evaluation's choice now (the
+    # run config's `inference` section), not part of a saved policy.
+    policy.pop("inference", None)
+    return PretrainedSpec(directory, FORMAT, policy, features, config.get("env"))
 
 
 def load_state_checked(policy: Policy, state: Mapping[str, torch.Tensor], source: Path | str) -> None:
@@ -247,11 +211,8 @@ def load_state_checked(policy: Policy, state: Mapping[str, torch.Tensor], source
 
 
 def load_weights(spec: PretrainedSpec, policy_cfg: PolicyConfig) -> Policy:
-    """The policy of `policy_cfg` (on the CPU) with the weights and statistics of the pretrained `spec`."""
-    if spec.source != FORMAT:
-        from lerobot.policies.diffusion import lerobot_import
-
-        return lerobot_import.load_policy(spec.path, policy_cfg)
+    """The policy of `policy_cfg` (on the CPU) with the weights and statistics of `spec`, a directory in this
+    project's layout."""
     weights = spec.path / MODEL_FILE
     if not weights.is_file():
         raise PretrainedError(f"{spec.path} is incomplete: {MODEL_FILE} is missing")
@@ -262,23 +223,6 @@ def load_weights(spec: PretrainedSpec, policy_cfg: PolicyConfig) -> Policy:
     policy = make_policy(policy_cfg)
     load_state_checked(policy, state, weights)
     return policy
-
-
-def spec_policy_config(spec: PretrainedSpec) -> PolicyConfig:
-    """The validated policy config of `spec`, with its recorded features."""
-    try:
-        return make_policy_config(spec.policy, EnvConfig(features=dict(spec.features)))
-    except ConfigError as e:
-        raise PretrainedError(f"{spec.path / CONFIG_JSON}: {e}") from None
-
-
-def load_pretrained(
-    path_or_repo_id: str | Path, device: str | torch.device = "cpu", revision: str | None = None
-) -> Policy:
-    """The policy saved in a pretrained directory or hub repo (this project's layout or LeRobot's), in eval
-    mode on `device`."""
-    spec = read_spec(resolve_pretrained(path_or_repo_id, revision))
-    return load_weights(spec, spec_policy_config(spec)).to(device).eval()
 
 
 def check_env_features(spec: PretrainedSpec, env_cfg: EnvConfig) -> None:

@@ -8,10 +8,14 @@ every function here is the one-process case and costs nothing.
 What makes N processes train exactly as one (docs/distributed.md):
 - `training.batch_size` is the global batch; each process loads its contiguous slice (`shard_size`,
   `StepBatchSampler(shard=...)`), so the samples of a step are the same on any N.
-- Each update runs under `batch_shard()`: per-sample random draws (noise, timesteps, crops) are made for the
-  global batch on every process from the same seeded stream and sliced (`lerobot.policies.batch_shard`).
-- Gradients are averaged by DDP (`wrap`); with equal shards the mean of the per-process mean losses is the
-  global mean loss, so every process applies the one-process update and holds the same weights.
+- The trainer makes the per-sample random draws of each update (noise, timesteps, crops:
+  `Policy.draw_training_noise`) for the global batch on every process from the same seeded stream and
+  hands each process its rows in the batch. A policy never sees a process group: its loss is the plain
+  mean over its own batch.
+- Gradients are averaged by DDP (`wrap`). A loss that is the mean over a count that differs between the
+  shards (e.g. real, unpadded actions) is weighed by `loss_weight` first, so the average of the processes'
+  gradients is the gradient of the global batch's mean loss and every process applies the one-process
+  update and holds the same weights.
 Writing (checkpoints, metrics, plots, videos, wandb) happens on the main process only (`is_main`).
 """
 
@@ -25,8 +29,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from lerobot.config import ConfigError
-from lerobot.policies.batch_shard import BatchShard
+from lerobot.errors import ConfigError
 
 T = TypeVar("T")
 
@@ -112,11 +115,16 @@ def _sum_over_processes(x: Tensor) -> Tensor:
     return total
 
 
-def batch_shard() -> BatchShard:
-    """This process's shard of the global batch, for `lerobot.policies.batch_shard.sharded_batch`."""
+def loss_weight(count: Tensor) -> Tensor:
+    """The factor that turns this process's mean loss over `count` elements into its share of the global
+    batch's mean loss: `count * N / (count summed over the N processes)` (an all-reduce; 1 on one process).
+
+    DDP averages the N processes' gradients, so weighed losses average to the global mean loss's gradient
+    whatever each process's count, e.g. the real, unpadded actions of its shard. Not differentiable.
+    """
     if not active():
-        return BatchShard()
-    return BatchShard(index=rank(), count=world_size(), total=_sum_over_processes)
+        return torch.ones_like(count)
+    return count.detach() * world_size() / _sum_over_processes(count).clamp_min(1.0)
 
 
 def wrap(policy: nn.Module) -> nn.Module:

@@ -6,10 +6,10 @@ Layout of `run_dir/checkpoints/000001000/`:
   feature shapes the weights were trained with, so that a checkpoint refuses an env or an architecture that
   does not fit it, even when `config.yaml` was edited.
 - `config.yaml`: the fully resolved config of the run (env, policy, training, eval).
-- `config.json`: the policy's hub-layout config (`lerobot.policies.pretrained`), so that a checkpoint is also a
+- `config.json`: the policy's hub-layout config (`lerobot.checkpoints.hub`), so that a checkpoint is also a
   pretrained directory (`Policy.from_pretrained`).
 - `training_state.pt` (optional): raw weights, optimizer, LR scheduler, EMA, RNG states, step, extras.
-- `checksums.json`: the sha256 of every other file (`lerobot.training.checksums`), checked before each read.
+- `checksums.json`: the sha256 of every other file (`lerobot.runtime.checksums`), checked before each read.
 `run_dir/checkpoints/last` is a symlink to the newest complete checkpoint. A checkpoint is written into a
 temporary sibling (`.tmp-<step>-<random>-<host>@<pid>`) and renamed when complete; temporaries left by a
 killed run are removed (or, when complete, put in place) by `remove_stale_temporaries` when a run starts.
@@ -18,11 +18,9 @@ Weights that are not finite are never saved.
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import os
-import random
 import secrets
 import shutil
 import socket
@@ -35,17 +33,20 @@ from omegaconf import DictConfig, OmegaConf
 from safetensors import safe_open
 from safetensors.torch import save as safetensors_bytes
 
-from lerobot.config import env_config, validate_config
-from lerobot.policies.factory import available_policies, make_policy, make_policy_config, policy_config_class
-from lerobot.policies.policy import Policy
-from lerobot.policies.pretrained import write_hub_config
-from lerobot.training.checksums import (
-    ChecksumError,
-    file_sha256,
-    read_checksums,
-    verify_checksum,
-    write_checksums,
+from lerobot.accel import upgrade_saved_config
+from lerobot.checkpoints.hub import write_hub_config
+from lerobot.config import env_config
+from lerobot.errors import CheckpointError, ChecksumError, NonFiniteWeightsError
+from lerobot.policies.factory import (
+    available_policies,
+    make_policy,
+    make_policy_config,
+    policy_config_class,
+    validate_run_config,
 )
+from lerobot.policies.policy import Policy
+from lerobot.runtime.atomic import no_space_error
+from lerobot.runtime.checksums import file_sha256, read_checksums, verify_checksum, write_checksums
 
 log = logging.getLogger(__name__)
 
@@ -61,15 +62,6 @@ _META_POLICY = "lerobot.policy"
 _META_FEATURES = "lerobot.features"
 _META_ENV = "lerobot.env"
 # errno values that mean "the disk (or the process's file size limit) has no room for this write".
-_NO_SPACE = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint is missing, incomplete, corrupt or does not fit the policy/env it is loaded into."""
-
-
-class NonFiniteWeightsError(CheckpointError):
-    """Weights hold NaN or infinite values (the training diverged): they are neither saved nor loaded."""
 
 
 def checkpoint_dir(run_dir: Path, step: int) -> Path:
@@ -136,20 +128,6 @@ def set_last(run_dir: Path, ckpt_dir: Path) -> None:
         tmp_link.unlink()
     tmp_link.symlink_to(Path(ckpt_dir).name)
     os.replace(tmp_link, parent / LAST_LINK)
-
-
-def no_space_error(e: BaseException) -> OSError | None:
-    """The OSError saying that a disk or the file size limit is full, among `e` and its causes; else None.
-
-    torch wraps the OSError of a failed write into a RuntimeError, so the chain is searched.
-    """
-    seen = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if isinstance(e, OSError) and e.errno in _NO_SPACE:
-            return e
-        e = e.__cause__ or e.__context__
-    return None
 
 
 def _make_temporary(parent: Path, step: int) -> Path:
@@ -377,10 +355,13 @@ def load_config(ckpt_dir: Path) -> DictConfig:
         if not isinstance(cfg, DictConfig) or "env" not in cfg or "policy" not in cfg:
             kind = "empty" if not path.read_text().strip() else "corrupt (no env and policy sections)"
             raise CheckpointError(f"{path} is {kind}: the checkpoint's config is lost")
+        # Keys an older version saved, in today's places: the inference settings (once under `policy`), then
+        # the policy's own.
+        upgrade_saved_config(cfg)
         name = OmegaConf.select(cfg, "policy.name")
-        if name in available_policies():  # keys an older version saved, in today's places
+        if name in available_policies():
             policy_config_class(name).upgrade_saved(cfg.policy)
-        cfg = validate_config(cfg)
+        cfg = validate_run_config(cfg)
     except Exception as e:
         reason = str(e) if isinstance(e, CheckpointError) else f"{path} is not a valid config: {e}"
         if changed is not None and not isinstance(e, CheckpointError):
@@ -391,7 +372,7 @@ def load_config(ckpt_dir: Path) -> DictConfig:
     return cfg
 
 
-def load_weights(ckpt_dir: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+def read_weights(ckpt_dir: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """The verified, finite weights of a checkpoint and their header metadata (empty for older checkpoints)."""
     path = _verified(ckpt_dir, MODEL_FILE)
     try:
@@ -452,7 +433,9 @@ def check_features(ckpt_dir: Path, cfg: DictConfig) -> None:
         )
 
 
-def load_policy(ckpt_dir: Path | str, device: str | torch.device = "cpu", cfg: DictConfig | None = None):
+def load_run_policy(
+    ckpt_dir: Path | str, device: str | torch.device = "cpu", cfg: DictConfig | None = None
+) -> tuple[Policy, DictConfig]:
     """Rebuild the policy of a checkpoint from its config and weights; return `(policy, cfg)`.
 
     `cfg` (optional) replaces the stored config, e.g. with evaluation overrides applied. The weights are
@@ -463,7 +446,7 @@ def load_policy(ckpt_dir: Path | str, device: str | torch.device = "cpu", cfg: D
     cfg = load_config(ckpt_dir) if cfg is None else cfg
     policy_cfg = make_policy_config(cfg.policy, env_config(cfg))
     policy = make_policy(policy_cfg)
-    state, metadata = load_weights(ckpt_dir)
+    state, metadata = read_weights(ckpt_dir)
     weights = ckpt_dir / MODEL_FILE
     own = policy.state_dict()
     differ = [
@@ -541,21 +524,3 @@ def _raise_if_non_finite(state: dict[str, torch.Tensor], what: str) -> None:
 def _last_note(run_dir: Path) -> str:
     last = latest_checkpoint(run_dir)
     return f"the newest checkpoint is {last.name}" if last is not None else "no checkpoint was saved yet"
-
-
-# ---------------------------------------------------------------------------------------- random states
-def get_rng_state() -> dict[str, Any]:
-    """Python, numpy and torch (CPU and CUDA) random states."""
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore what `get_rng_state` returned."""
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])

@@ -1,12 +1,13 @@
 """Fast chunk generation for Diffusion Policy: an opt-in layer over `DiffusionPolicy`, for evaluation.
 
-Turn it on in the config (`policy.inference.fast=true policy.inference.dtype=bfloat16`, see
-`FastInferenceConfig`) and run evaluation inside `with fast_inference_context(policy):`. At the entry of the
-`with` the layer builds an `InferencePlan` from the policy's current weights and hands it to the policy as
-its `chunk_networks` (the seam `DiffusionPolicy` offers for this); at the exit it takes it back, so the
-plain model is untouched and a change of the weights between two `with`s is seen by the next one. The state
-dict never holds the plan. With `fast=false` and `dtype=bfloat16` the layer runs the policy's own modules
-under bf16 autocast instead.
+Turn it on in the run config (`inference.fast=true inference.dtype=bfloat16`, see
+`lerobot.config.InferenceConfig`); evaluation runs inside `with lerobot.accel.accelerated(policy,
+cfg.inference):`, which enters `fast_inference_context(policy, cfg.inference)`. At the entry of the `with`
+the layer builds an `InferencePlan` from the policy's current weights, whose U-Net and image encoder stand
+in for the policy's `unet` and `rgb_encoder` (the policy calls them as it calls its modules); at the exit
+they are taken back, so the plain model is untouched and a change of the weights between two `with`s is
+seen by the next one. The stand-ins are not submodules: the state dict and `.to()` never see the plan. With
+`fast=false` and `dtype=bfloat16` the layer runs the policy's own modules under bf16 autocast instead.
 
 `InferencePlan` runs the computation of the `nn.Module`s of `unet.py` / `vision.py`, from copies of the same
 parameters, in a form that suits a CPU with few cores (it works on CUDA too):
@@ -46,17 +47,16 @@ import copy
 import functools
 import itertools
 import weakref
-from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import einops
 import torch
-from omegaconf import DictConfig
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from lerobot.config import ConfigError
+from lerobot.config import INFERENCE_DTYPES, InferenceConfig
+from lerobot.policies.diffusion.modeling import DiffusionPolicy
 from lerobot.policies.diffusion.unet import (
     ConditionalUnet1D,
     FiLMResidualBlock,
@@ -65,80 +65,12 @@ from lerobot.policies.diffusion.unet import (
 )
 from lerobot.policies.diffusion.vision import RgbEncoder, center_crop, resize
 
-if TYPE_CHECKING:
-    from lerobot.policies.diffusion.modeling import DiffusionPolicy
-
-INFERENCE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+# `inference.dtype` -> the torch dtype the networks compute in.
+TORCH_DTYPES = {name: getattr(torch, name) for name in INFERENCE_DTYPES}
 # Rows up to which an int8 weight beats the prepacked bf16 one: `aten._weight_int8pack_mm`'s time grows
 # with the rows, while oneDNN's AMX kernel is bound by the weight bytes at any small row count
 # (docs/benchmarks.md has the measurements behind the crossover).
 INT8_MAX_ROWS = 4
-
-
-@dataclass
-class FastInferenceConfig:
-    """How a Diffusion Policy generates chunks (`policy.inference.*`); at the defaults, as it trains.
-
-    None of these settings changes the weights or the checkpoint; they take effect inside
-    `fast_inference_context(policy)`.
-
-    Attributes:
-        fast: generate chunks with an `InferencePlan` (weights cast and prepacked once, time-major matmuls,
-            FiLM of the observations hoisted out of the denoising loop) instead of the training modules.
-        dtype: "float32" or "bfloat16", what the networks compute in (the sampler stays fp32). With
-            `fast=false`, bf16 means autocast over the training modules.
-        int8_weights: (bf16 fast path on CPU) also keep the U-Net weights in int8, one scale per output
-            channel, and read them in the matmuls with at most `INT8_MAX_ROWS` rows (batch 1's deepest
-            levels), which are bound by weight bytes. Changes actions slightly more than bf16 alone.
-        compile: `torch.compile` the fast path's U-Net step (inductor fuses the small operators between
-            the matmuls, which keep their prepared kernels). The first chunk compiles, and once more at the
-            second batch size seen: a graph with a dynamic batch, which then serves every batch size.
-    """
-
-    fast: bool = False
-    dtype: str = "float32"
-    int8_weights: bool = False
-    compile: bool = False
-
-    def validate(self) -> None:
-        """Raise `ConfigError` on a combination the layer cannot run."""
-        if self.dtype not in INFERENCE_DTYPES:
-            raise ConfigError(
-                f"policy.inference.dtype={self.dtype!r}: expected one of {tuple(INFERENCE_DTYPES)}"
-            )
-        if self.compile and not self.fast:
-            raise ConfigError(
-                "policy.inference.compile=true compiles the fast path: set policy.inference.fast=true"
-            )
-        if self.int8_weights and not self.fast:
-            raise ConfigError(
-                "policy.inference.int8_weights=true is a fast-path option: set policy.inference.fast=true"
-            )
-        if self.int8_weights and self.dtype != "bfloat16":
-            raise ConfigError("policy.inference.int8_weights=true needs policy.inference.dtype=bfloat16")
-
-
-# Where the policy keys of configs saved before `inference` became a section went.
-_LEGACY_KEYS = {
-    "inference_fast_path": "fast",
-    "inference_dtype": "dtype",
-    "inference_int8_weights": "int8_weights",
-    "inference_compile": "compile",
-}
-
-
-def upgrade_legacy_section(policy: DictConfig) -> DictConfig:
-    """Move the flat `inference_*` keys of an older `policy` section (e.g. a checkpoint's `config.yaml`) into
-    its `inference` section, in place; `inference_autocast: true` becomes `dtype: bfloat16`. Returns
-    `policy`; a section without those keys is left as it is."""
-    legacy = {key: policy.pop(key) for key in [*_LEGACY_KEYS, "inference_autocast"] if key in policy}
-    if not legacy:
-        return policy
-    section = {new: legacy[old] for old, new in _LEGACY_KEYS.items() if old in legacy}
-    if legacy.get("inference_autocast"):
-        section["dtype"] = "bfloat16"
-    policy.inference = {**policy.get("inference", {}), **section}
-    return policy
 
 
 def _onednn_linear_available(device: torch.device) -> bool:
@@ -468,34 +400,76 @@ class InferencePlan:
 
 
 @contextlib.contextmanager
-def fast_inference_context(policy: DiffusionPolicy) -> Iterator[None]:
-    """Generate the policy's chunks as `policy.config.inference` asks, for the duration of the `with`.
+def fast_inference_context(policy: DiffusionPolicy, options: InferenceConfig) -> Iterator[None]:
+    """Generate the policy's chunks as `options` (the run config's `inference` section) asks, for the
+    duration of the `with`.
 
-    `fast`: an `InferencePlan` is built from the policy's weights as they are at the entry, and is what
-    `predict_action_chunk` (hence `select_action`) runs until the exit. `dtype=bfloat16` without `fast`: the
-    policy's modules under bf16 autocast. At the defaults nothing changes. At the exit the policy generates
-    chunks with its modules again, in fp32; its weights and state dict are never touched. The plan lives on
-    the device of the weights: move the policy before entering, not inside.
+    `fast`: an `InferencePlan` is built from the policy's weights as they are at the entry; its U-Net and
+    image encoder stand in for `policy.unet` and `policy.rgb_encoder`, so that `predict_action_chunk` (hence
+    `select_action`) runs them until the exit. `dtype=bfloat16` without `fast`: the policy's own modules,
+    its `global_conditioning` and `sample_actions` each run under bf16 autocast (the networks of a chunk
+    and nothing else). At the defaults nothing changes. At the exit the policy generates chunks with its
+    modules again, in fp32; its weights and state dict are never touched. The plan lives on the device of
+    the weights: move the policy before entering, not inside. One layer at a time: entering a second one
+    inside the first is a `RuntimeError`.
     """
-    # Imported here: the policy module imports its config, which imports this module.
-    from lerobot.policies.diffusion.modeling import ChunkNetworks
-
-    options = policy.config.inference
     options.validate()
-    dtype = INFERENCE_DTYPES[options.dtype]
+    dtype = TORCH_DTYPES[options.dtype]
+    if not options.fast and dtype == torch.float32:
+        yield  # the defaults: the policy's own modules, as they are
+        return
+    active = [name for name in _STAND_IN_NAMES if name in vars(policy)]
+    if active:
+        # A plan built now would be built from the other layer's stand-ins.
+        raise RuntimeError(
+            f"{type(policy).__name__} is already inside an inference layer (stand-ins for {active}): "
+            "leave that `with` before entering another"
+        )
     if options.fast:
         encoder = policy.rgb_encoder if policy.image_keys else None
         plan = InferencePlan(policy.unet, encoder, dtype, options.compile, int8_weights=options.int8_weights)
-        networks = ChunkNetworks(encoder=plan.encoder, denoiser=plan.unet)
-    elif dtype != torch.float32:
+        stand_ins = {"unet": plan.unet}
+        if plan.encoder is not None:
+            stand_ins["rgb_encoder"] = plan.encoder
+    else:
         device_type = next(policy.unet.parameters()).device.type
         autocast = functools.partial(torch.autocast, device_type=device_type, dtype=dtype)
-        networks = ChunkNetworks(encoder=None, denoiser=policy.unet, context=autocast)
-    else:
+        stand_ins = {name: _inside(autocast, getattr(policy, name)) for name in _AUTOCAST_METHODS}
+    with _standing_in(policy, stand_ins):
         yield
-        return
-    previous, policy.chunk_networks = policy.chunk_networks, networks
+
+
+# What the bf16 autocast path runs under autocast, each call in a region of its own: the image encoder
+# (inside `global_conditioning`) and the whole denoising loop, whose weight casts autocast caches across its
+# steps. The ops between the two calls (a cast to fp32) are the same with or without autocast.
+_AUTOCAST_METHODS = ("global_conditioning", "sample_actions")
+# Every attribute of a `DiffusionPolicy` that `fast_inference_context` may stand in for.
+_STAND_IN_NAMES = ("unet", "rgb_encoder", *_AUTOCAST_METHODS)
+
+
+def _inside(context: Callable[[], contextlib.AbstractContextManager], method: Callable) -> Callable:
+    """`method`, each call of it run inside a new `context()`."""
+
+    @functools.wraps(method)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with context():
+            return method(*args, **kwargs)
+
+    return call
+
+
+@contextlib.contextmanager
+def _standing_in(policy: DiffusionPolicy, stand_ins: dict[str, Any]) -> Iterator[None]:
+    """`policy.<name>` is `stand_ins[name]` for the duration of the `with`.
+
+    The stand-ins go into the instance's `__dict__`, which attribute lookup reads before the class's methods
+    and before `nn.Module`'s registry of submodules: they are never registered, so `state_dict()`,
+    `parameters()` and `.to()` see the policy's own modules throughout, and those are back under their
+    names at the exit, however the `with` ends.
+    """
+    vars(policy).update(stand_ins)
     try:
         yield
     finally:
-        policy.chunk_networks = previous
+        for name in stand_ins:
+            vars(policy).pop(name, None)

@@ -15,14 +15,12 @@ import logging
 import os
 from pathlib import Path
 
+from lerobot.errors import ChecksumError
+
 log = logging.getLogger(__name__)
 
 CHECKSUMS_FILE = "checksums.json"
 _CHUNK = 1 << 20
-
-
-class ChecksumError(RuntimeError):
-    """A checkpoint file's bytes differ from the ones it was saved with, or `checksums.json` is unreadable."""
 
 
 def file_sha256(path: Path) -> str:

@@ -1,4 +1,4 @@
-"""Stop signals turned into a clean stop: finish the step, save a checkpoint, exit.
+"""Stop signals turned into a clean stop (torch-free, so that env and loader workers can import it): finish the step, save a checkpoint, exit.
 
 `SIGTERM` and `SIGUSR1` (what SLURM and other schedulers send before preempting or at the time limit) and
 `SIGINT` (Ctrl-C) only set a flag while a trainer's loop runs; the loop reads it once per step, at the step
@@ -23,9 +23,23 @@ import threading
 from collections.abc import Iterator
 from types import FrameType
 
-from lerobot.stop_signals import STOP_SIGNALS
-
 log = logging.getLogger(__name__)
+
+# SIGTERM and SIGUSR1: what SLURM and other schedulers send before preempting or at the time limit;
+# SIGINT: Ctrl-C.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+
+
+def ignore_stop_signals(*_: object) -> None:
+    """Make this (helper) process ignore the stop signals.
+
+    A terminal's Ctrl-C and a scheduler's SIGTERM reach the whole process group; loader and env workers
+    ignore them so that the main process alone decides how the run ends (saving a checkpoint first) and
+    then ends its workers itself. Takes and ignores any arguments, so it can be a `worker_init_fn`.
+    """
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+
 
 # Exit codes after a clean stop: 0 for a scheduler's signal (the run is resumable, the job ends normally
 # and the scheduler requeues it), the shell's 128 + 2 for Ctrl-C (so `train && eval` does not go on).

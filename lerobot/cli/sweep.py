@@ -12,14 +12,20 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
 
-from lerobot.config import CONFIG_DIR, ConfigError, validate_config
+from lerobot.cli.compose import compose_config, search_path_override
+from lerobot.config import CONFIG_DIR
+from lerobot.errors import EXPECTED_ERRORS, ConfigError
+from lerobot.policies.factory import validate_run_config
+from lerobot.runtime.atomic import write_text
+from lerobot.runtime.signals import stop_on_signals
+from lerobot.training import train
+from lerobot.training.logger import METRICS_FILE
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +49,6 @@ def sweep_jobs(overrides: Sequence[str]) -> list[list[str]]:
 
 def check_jobs(overrides: Sequence[str], search_path: Sequence[Path] = ()) -> list[DictConfig]:
     """Compose and validate every job's config before launching any; each job needs its own run dir."""
-    from lerobot.cli import compose_config
 
     jobs = sweep_jobs(overrides)
     configs = [compose_config(job, search_path=search_path) for job in jobs]
@@ -63,15 +68,11 @@ def train_job(cfg: DictConfig) -> dict[str, Any]:
     """
     from hydra.core.hydra_config import HydraConfig
 
-    from lerobot.cli import _expected_errors
-    from lerobot.training import train
-    from lerobot.training.stop import stop_on_signals
-
     run_dir = HydraConfig.get().runtime.output_dir
     if _stopped_by is not None:  # a stop signal ended an earlier job of this process: start no more
         return {"status": "not run", "error": f"the sweep was stopped by {_stopped_by}", "run_dir": run_dir}
     try:
-        cfg = validate_config(cfg)
+        cfg = validate_run_config(cfg)
         if cfg.output_dir is None:
             cfg.output_dir = run_dir
         with stop_on_signals() as stop:
@@ -80,7 +81,7 @@ def train_job(cfg: DictConfig) -> dict[str, Any]:
             _stop_sweep(stop.name)
             return {"status": "stopped", "error": f"stopped by {stop.name} at step {stop.stopped_at}, "
                     "checkpoint saved; run the same command again to resume", "run_dir": run_dir}  # fmt: skip
-    except _expected_errors() as e:
+    except EXPECTED_ERRORS as e:
         log.error("error: %s", e)
         return {"status": "error", "error": str(e), "run_dir": run_dir}
     except Exception as e:
@@ -99,7 +100,6 @@ def _stop_sweep(signal_name: str) -> None:
 
 def final_metrics(run_dir: Path) -> dict[str, dict[str, Any]]:
     """The last record of each split (`train`, `eval`) in `run_dir/metrics.jsonl`."""
-    from lerobot.training.logger import METRICS_FILE
 
     last: dict[str, dict[str, Any]] = {}
     path = run_dir / METRICS_FILE
@@ -123,8 +123,6 @@ def run_sweep(overrides: Sequence[str], search_path: Sequence[Path] = ()) -> int
     """
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
-
-    from lerobot.cli import search_path_override
 
     check_jobs(overrides, search_path)
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None, job_name="train"):
@@ -155,10 +153,7 @@ def run_sweep(overrides: Sequence[str], search_path: Sequence[Path] = ()) -> int
 def write_summary(sweep_dir: Path, summary: list[dict[str, Any]]) -> Path:
     """Write `sweep_dir/summary.json` atomically; return its path."""
     path = sweep_dir / SUMMARY_FILE
-    tmp = path.with_name(f".{SUMMARY_FILE}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"jobs": summary}, indent=2) + "\n")
-    tmp.replace(path)
-    return path
+    return write_text(path, json.dumps({"jobs": summary}, indent=2) + "\n")
 
 
 def _summary_line(entry: dict[str, Any], swept: list[str]) -> str:

@@ -32,14 +32,15 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
+from lerobot.checkpoints.hub import CONFIG_JSON, MODEL_FILE, PretrainedSpec, load_state_checked, read_json
 from lerobot.config import FeatureConfig
 from lerobot.constants import ACTION_KIND, ENV_STATE, STATE, VISUAL
+from lerobot.errors import PretrainedError
 from lerobot.policies.config import PolicyConfig
 from lerobot.policies.diffusion.modeling import DiffusionPolicy
 from lerobot.policies.factory import make_policy
 from lerobot.policies.normalize import IDENTITY, MEAN_STD, MIN_MAX, Unnormalize
 from lerobot.policies.policy import Policy
-from lerobot.policies.pretrained import MODEL_FILE, PretrainedError, load_state_checked, read_json
 
 LEROBOT_TYPE = "diffusion"
 SOURCE = "lerobot-0.6"
@@ -332,9 +333,16 @@ def conditioning_order(policy: DiffusionPolicy) -> torch.Tensor | None:
     return torch.cat([torch.arange(embed), *(columns + embed for columns in steps)])
 
 
-def load_policy(directory: Path, policy_cfg: PolicyConfig) -> Policy:
-    """This project's policy of `policy_cfg` (converted from the LeRobot config of `directory`) with the
-    LeRobot weights and normalization statistics of `directory`."""
+def read_spec(directory: Path, config: dict[str, Any]) -> PretrainedSpec:
+    """The spec of a LeRobot diffusion `pretrained_model` directory, from its `config.json` content `config`."""
+    policy, features = convert_config(config, directory / CONFIG_JSON)
+    return PretrainedSpec(directory, SOURCE, policy, features, None)
+
+
+def load_weights(spec: PretrainedSpec, policy_cfg: PolicyConfig) -> Policy:
+    """This project's policy of `policy_cfg` (converted from the LeRobot config of `spec`) with the LeRobot
+    weights and normalization statistics of its directory."""
+    directory = spec.path
     if policy_cfg.name != "diffusion":
         raise PretrainedError(
             f"{directory} is a LeRobot diffusion checkpoint; policy {policy_cfg.name!r} cannot load it"

@@ -1,0 +1,133 @@
+"""Every checkpoint format, behind one `load_policy(path)`.
+
+- `run`: a training run's checkpoints (`run_dir/checkpoints/<step>/`: weights, the whole run config, the
+  training state to resume from, checksums), written atomically and verified when read.
+- `hub`: this project's Hugging Face hub layout (`config.json` + `model.safetensors`); every run checkpoint is
+  also such a directory.
+- `lerobot_diffusion`: LeRobot's Diffusion Policy `pretrained_model` directories, converted at load.
+
+A format of another project is one module with `read_spec(directory, config) -> PretrainedSpec` and
+`load_weights(spec, policy_cfg) -> Policy`, listed in `LEROBOT_FORMATS` under the policy `type` its
+`config.json` names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from lerobot.checkpoints import hub, lerobot_diffusion, run
+from lerobot.checkpoints.hub import CONFIG_JSON, LEROBOT_MODEL_DIR, PretrainedSpec
+from lerobot.config import EnvConfig, env_config
+from lerobot.errors import ConfigError, PretrainedError
+from lerobot.policies.config import PolicyConfig
+from lerobot.policies.factory import make_policy_config, validate_run_config
+from lerobot.policies.policy import Policy
+
+# LeRobot policy `type` -> the module that reads its `pretrained_model` directories.
+LEROBOT_FORMATS: dict[str, ModuleType] = {lerobot_diffusion.LEROBOT_TYPE: lerobot_diffusion}
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a policy to load lives: a run checkpoint (`run`: its directory holds `config.yaml`) or a
+    pretrained directory (this project's hub layout or another project's)."""
+
+    path: Path
+    run: bool
+
+
+def locate(path_or_repo_id: str | Path, revision: str | None = None) -> Source:
+    """What `path_or_repo_id` names: a checkpoint directory, a run directory or its `checkpoints/` folder
+    (the newest complete checkpoint), a pretrained directory (or one holding `pretrained_model/`), or a hub
+    repo id (fetched into the hub cache)."""
+    path = Path(path_or_repo_id)
+    if not path.exists():
+        return Source(hub.resolve_pretrained(path_or_repo_id, revision), run=False)
+    if (path / run.CONFIG_FILE).exists():
+        return Source(path, run=True)
+    pretrained = hub.pretrained_dir(path)
+    if pretrained is not None:
+        return Source(pretrained, run=False)
+    return Source(run.resolve_checkpoint_dir(path), run=True)
+
+
+def read_spec(path: Path | str) -> PretrainedSpec:
+    """What a local pretrained directory (this project's layout or a LeRobot one) declares, before any
+    weights are read."""
+    directory = hub.pretrained_dir(path)
+    if directory is None:
+        raise PretrainedError(f"{path} holds no {CONFIG_JSON} (nor {LEROBOT_MODEL_DIR}/{CONFIG_JSON})")
+    config = hub.read_json(directory / CONFIG_JSON)
+    if config.get("format") == hub.FORMAT:
+        return hub.read_spec(directory, config)
+    if "type" in config:
+        reader = LEROBOT_FORMATS.get(config["type"])
+        if reader is None:
+            raise PretrainedError(
+                f"{directory / CONFIG_JSON}: LeRobot policy type {config['type']!r} is not supported; "
+                f"only {', '.join(repr(t) for t in sorted(LEROBOT_FORMATS))} checkpoints load here"
+            )
+        return reader.read_spec(directory, config)
+    raise PretrainedError(
+        f"{directory / CONFIG_JSON} is neither this project's policy config (no 'format') nor a LeRobot one "
+        "(no 'type')"
+    )
+
+
+def spec_policy_config(spec: PretrainedSpec, overrides: dict[str, Any] | None = None) -> PolicyConfig:
+    """The validated policy config of `spec` with its recorded features, and `overrides` applied."""
+    try:
+        return make_policy_config(
+            {**spec.policy, **(overrides or {})}, EnvConfig(features=dict(spec.features))
+        )
+    except ConfigError as e:
+        raise PretrainedError(f"{spec.path / CONFIG_JSON}: {e}") from None
+
+
+def load_weights(spec: PretrainedSpec, policy_cfg: PolicyConfig) -> Policy:
+    """The policy of `policy_cfg` (on the CPU) with the weights and statistics of the pretrained `spec`."""
+    if spec.source == hub.FORMAT:
+        return hub.load_weights(spec, policy_cfg)
+    (reader,) = [m for m in LEROBOT_FORMATS.values() if spec.source == m.SOURCE]
+    return reader.load_weights(spec, policy_cfg)
+
+
+def load_policy(
+    path_or_repo_id: str | Path,
+    device: str | torch.device = "cpu",
+    revision: str | None = None,
+    **overrides: Any,
+) -> Policy:
+    """The policy saved at `path_or_repo_id` (see `locate`), in eval mode on `device`.
+
+    `overrides` are policy config fields (e.g. `n_action_steps=1`), validated like the command line's
+    `policy.<field>=` overrides; one that changes the architecture is refused, naming the field.
+    """
+    source = locate(path_or_repo_id, revision)
+    if source.run:
+        cfg = run.load_config(source.path)
+        if overrides:
+            cfg = validate_run_config(OmegaConf.merge(cfg, {"policy": overrides}))
+        policy, _ = run.load_run_policy(source.path, cfg=cfg)
+    else:
+        spec = read_spec(source.path)
+        policy = load_weights(spec, spec_policy_config(spec, overrides))
+    return policy.to(device).eval()
+
+
+def load_for_run(source: Source, cfg: DictConfig) -> Policy:
+    """The policy of `source` (on the CPU) built for the run config `cfg` (e.g. evaluation overrides, another
+    env with the same features), after checking that `cfg`'s env gives the features it was trained with."""
+    if source.run:
+        run.check_features(source.path, cfg)  # one line naming the feature and both shapes
+        policy, _ = run.load_run_policy(source.path, cfg=cfg)
+        return policy
+    spec = read_spec(source.path)
+    hub.check_env_features(spec, env_config(cfg))
+    return load_weights(spec, make_policy_config(cfg.policy, env_config(cfg)))

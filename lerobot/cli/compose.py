@@ -1,0 +1,188 @@
+"""Composing a run config from `configs/` with Hydra's compose API, and the configs evaluation starts from.
+
+Groups `env=` and `policy=`, dotted overrides such as `training.steps=100`; the result is validated and
+completed with every default (`lerobot.policies.factory.validate_run_config`). `--config-dir DIR` adds a
+directory with the same layout (`DIR/env/<name>.yaml`, `DIR/policy/<name>.yaml`) to the search path, for envs
+and policy variants that live outside this repository. The defaults are the dataclasses, given to Hydra as
+structured configs (`schema` for the root, one node per registered policy in the `policy` group), so a new
+policy needs no YAML.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from lerobot.checkpoints.hub import PretrainedSpec
+from lerobot.checkpoints.run import load_config
+from lerobot.config import CONFIG_DIR, old_inference_keys_error
+from lerobot.errors import ConfigError
+from lerobot.policies.factory import validate_run_config
+
+GROUPS = ("env", "policy")
+
+
+def compose_config(
+    overrides: list[str], config_dir: Path = CONFIG_DIR, search_path: Sequence[str | Path] = ()
+) -> DictConfig:
+    """Compose `default.yaml` of `config_dir` with Hydra overrides, then validate and complete it.
+
+    Args:
+        overrides: Hydra overrides, e.g. `["policy=diffusion", "env=pusht", "training.steps=100"]`.
+        config_dir: the primary config directory (holds `default.yaml`).
+        search_path: more directories searched for `env/<name>.yaml` and `policy/<name>.yaml` (after
+            `config_dir`).
+    """
+    cfg, _ = _compose(overrides, config_dir, search_path)
+    return validate_run_config(cfg)
+
+
+def compose_train_config(overrides: list[str], search_path: Sequence[str | Path] = ()) -> DictConfig:
+    """`compose_config` for a training run: an unset `output_dir` becomes Hydra's `hydra.run.dir`
+    (`outputs/train/<date>/<time>_<env>_<policy>` unless overridden), as Hydra users expect."""
+    cfg, run_dir = _compose(overrides, CONFIG_DIR, search_path)
+    if cfg.output_dir is None:
+        # The default run dir is new at every launch (it holds the time), so it has nothing to resume.
+        named = any(o.startswith("hydra.run.dir=") for o in overrides)
+        if not named and str(OmegaConf.select(cfg, "training.resume")).lower() == "true":
+            raise ConfigError("training.resume=true needs output_dir=<run directory of the run to resume>")
+        cfg.output_dir = run_dir
+    return validate_run_config(cfg)
+
+
+def _compose(
+    overrides: list[str], config_dir: Path, search_path: Sequence[str | Path]
+) -> tuple[DictConfig, str]:
+    """The composed config without Hydra's own node, and the resolved `hydra.run.dir`."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    _refuse_old_inference_overrides(overrides)
+    dirs = [Path(config_dir), *(Path(d) for d in search_path)]
+    _store_schemas(dirs)
+    overrides = [*overrides, *search_path_override(search_path)]
+    try:
+        with initialize_config_dir(config_dir=str(Path(config_dir).resolve()), version_base=None):
+            cfg = compose(config_name="default", overrides=overrides, return_hydra_config=True)
+            run_dir = str(cfg.hydra.run.dir)
+    except (HydraException, OmegaConfBaseException) as e:
+        raise ConfigError(_hydra_message(e, dirs)) from None
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return cfg, run_dir
+
+
+def _refuse_old_inference_overrides(overrides: Sequence[str]) -> None:
+    """`policy.inference.<field>=<value>` was the inference settings' key until they left the policy section:
+    one line naming today's key (Hydra's own would only say that the policy has no `inference`)."""
+    old = {}
+    for override in overrides:
+        key, _, value = override.lstrip("+~").partition("=")
+        if key.startswith("policy.inference."):
+            old[key.removeprefix("policy.inference.")] = value
+    if old:
+        raise old_inference_keys_error(old)
+
+
+def search_path_override(search_path: Sequence[str | Path]) -> list[str]:
+    """The `hydra.searchpath` override that adds `search_path` (empty when there is none)."""
+    if not search_path:
+        return []
+    paths = ", ".join(f"'file://{Path(d).resolve()}'" for d in search_path)
+    return [f"hydra.searchpath=[{paths}]"]
+
+
+def _store_schemas(dirs: list[Path]) -> None:
+    """Give Hydra the dataclasses: `schema` (every root default, which `default.yaml` lists first) and,
+    in the `policy` group, one node per registered policy (its dataclass, so `policy=<name>` needs no
+    YAML and `policy.<field>=...` is typed). A policy YAML in `dirs` is a named variant (`name:` the
+    registered policy, plus its overrides) and must not take a registered name: Hydra's store is global to
+    the process, so which one won would depend on what was composed before."""
+    from hydra.core.config_store import ConfigStore
+
+    from lerobot.config import RootConfig
+    from lerobot.policies.factory import available_policies, policy_config_class
+
+    store = ConfigStore.instance()
+    store.store(name="schema", node=RootConfig)
+    for name in available_policies():
+        for d in dirs:
+            if (d / "policy" / f"{name}.yaml").is_file():
+                raise ConfigError(
+                    f"{d / 'policy' / f'{name}.yaml'} takes the name of the registered policy {name!r}; "
+                    f"name the variant differently (e.g. {name}_small.yaml holding `name: {name}` and its overrides)"
+                )
+        store.store(group="policy", name=name, node=policy_config_class(name))
+
+
+def group_options(group: str, dirs: Sequence[Path] = (CONFIG_DIR,)) -> list[str]:
+    """The names `group=<name>` accepts: YAML files in `dirs` (and, for `policy`, registered policies)."""
+    names = {p.stem for d in dirs for p in (Path(d) / group).glob("*.yaml")}
+    if group == "policy":
+        from lerobot.policies.factory import available_policies
+
+        names.update(available_policies())
+    return sorted(names)
+
+
+def _hydra_message(e: Exception, dirs: Sequence[Path]) -> str:
+    text = str(e).strip().splitlines()[0]
+    if e.__cause__ is not None and str(e.__cause__).strip():
+        # Hydra's own line says which override failed; the cause says why (e.g. the key does not exist).
+        text = f"{text.rstrip('.')}: {str(e.__cause__).strip().splitlines()[0]}"
+    if "Could not find" in text or "not found" in text.lower():
+        for group in GROUPS:
+            if f"'{group}/" in text:
+                return f"{text}; available {group} options: {', '.join(group_options(group, dirs))}"
+    return text
+
+
+def checkpoint_config(ckpt_dir: Path, overrides: list[str], search_path: Sequence[Path] = ()) -> DictConfig:
+    """The checkpoint's config with evaluation overrides; `env=NAME` swaps in another env config.
+
+    `NAME` is looked up in `configs/env/` and then in the `env/` folder of each `search_path` directory.
+    """
+    # A plain (unstructured) copy, so that a whole env section can be swapped in before re-validation.
+    cfg = OmegaConf.create(OmegaConf.to_container(load_config(ckpt_dir)))
+    return _with_eval_overrides(cfg, overrides, search_path)
+
+
+def pretrained_config(
+    spec: PretrainedSpec, overrides: list[str], search_path: Sequence[Path] = ()
+) -> DictConfig:
+    """The run config that evaluates a pretrained directory: its policy section and recorded env (a LeRobot
+    checkpoint records none: `env=NAME` is then required), with evaluation overrides."""
+    if spec.env is None and not any(o.partition("=")[0] == "env" for o in overrides):
+        options = ", ".join(group_options("env", [CONFIG_DIR, *search_path]))
+        raise ConfigError(f"{spec.path} records no env: pass env=NAME (available env options: {options})")
+    cfg = OmegaConf.create({"policy": spec.policy, **({"env": spec.env} if spec.env else {})})
+    return _with_eval_overrides(cfg, overrides, search_path)
+
+
+def _with_eval_overrides(cfg: DictConfig, overrides: list[str], search_path: Sequence[Path]) -> DictConfig:
+    """`cfg` with `env=NAME` (a whole env config swapped in) and dotted overrides applied, validated."""
+    dotted = []
+    for override in overrides:
+        key, _, value = override.partition("=")
+        if key == "policy":
+            raise ConfigError(
+                "policy= cannot be overridden when evaluating a checkpoint (the checkpoint fixes the policy)"
+            )
+        if key == "env":
+            dirs = [CONFIG_DIR, *search_path]
+            paths = [Path(d) / "env" / f"{value}.yaml" for d in dirs]
+            path = next((p for p in paths if p.is_file()), None)
+            if path is None:
+                options = ", ".join(group_options("env", dirs))
+                raise ConfigError(f"unknown env {value!r}; available env options: {options}")
+            cfg.env = OmegaConf.load(path)
+        else:
+            dotted.append(override)
+    try:
+        cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(dotted))
+    except Exception as e:
+        raise ConfigError(f"bad override: {str(e).splitlines()[0]}") from None
+    return validate_run_config(cfg)

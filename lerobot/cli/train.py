@@ -1,0 +1,68 @@
+"""`scripts/train.py`: compose the config and train (`-m`: a Hydra multirun sweep)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from lerobot import distributed
+from lerobot.checkpoints.run import latest_checkpoint
+from lerobot.cli.compose import compose_train_config
+from lerobot.cli.exit import run_command
+from lerobot.cli.sweep import run_sweep
+from lerobot.errors import ConfigError
+from lerobot.runtime.signals import EXIT_CODES, stop_on_signals
+from lerobot.training import train
+
+
+def _train(argv: list[str] | None) -> int:
+    parser = argparse.ArgumentParser(
+        description="Train a policy.", epilog="example: policy=diffusion env=pusht training.steps=1000"
+    )
+    add_config_dir_argument(parser)
+    parser.add_argument(
+        "-m",
+        "--multirun",
+        action="store_true",
+        help="Hydra multirun: one job per combination of comma-separated values (seed=1,2,3), "
+        "launched by hydra/launcher (basic, submitit_local, submitit_slurm)",
+    )
+    parser.add_argument(
+        "overrides", nargs="*", help="Hydra overrides, e.g. policy=diffusion env=pusht training.steps=100"
+    )
+    args = parser.parse_intermixed_args(argv)
+    if args.multirun:
+        if distributed.world_size() > 1:
+            raise ConfigError("a sweep (-m) launches its own jobs, one process each; run it without torchrun")
+
+        return run_sweep(args.overrides, search_path=args.config_dir)
+    cfg = compose_train_config(args.overrides, search_path=args.config_dir)
+    with stop_on_signals() as stop:
+        run_dir = train(cfg)
+    if stop.stopped_at is not None:
+        if distributed.is_main():
+            print(
+                f"stopped by {stop.name} at step {stop.stopped_at}, checkpoint {latest_checkpoint(run_dir)}; "
+                "run the same command again to resume",
+                file=sys.stderr,
+            )
+        return EXIT_CODES[stop.signum]
+    if distributed.is_main():
+        print(f"run directory: {run_dir}")
+    return 0
+
+
+def add_config_dir_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config-dir",
+        type=Path,
+        action="append",
+        default=[],
+        help="extra config directory with env/ and policy/ YAML files (repeatable)",
+    )
+
+
+def train_main(argv: list[str] | None = None) -> int:
+    """`scripts/train.py`: compose the config and train; returns the exit code."""
+    return run_command(_train, argv)

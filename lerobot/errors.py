@@ -1,0 +1,81 @@
+"""Every error the project raises on purpose, in one place below everything else.
+
+Each one means a problem a user can fix, and its message names the thing and the fix; the command line prints
+such an error as one line and exits with status 2 (`EXPECTED_ERRORS`). Anything else is a bug and keeps its
+traceback.
+"""
+
+from __future__ import annotations
+
+
+class ConfigError(ValueError):
+    """A configuration value is wrong; the message names the key and how to fix it."""
+
+
+class DatasetError(ValueError):
+    """A dataset file is missing something or is malformed; the message names the file and the problem."""
+
+
+class DatasetNotFoundError(FileNotFoundError):
+    """No dataset could be found or fetched; the message says where to put it or what to configure."""
+
+
+class DeltaTimestampsError(ValueError):
+    """`delta_timestamps` is malformed; the message names the feature and the offending offset."""
+
+
+class EnvWorkerError(RuntimeError):
+    """An async env worker died or stopped answering (its env is closed and its workers killed)."""
+
+
+class NonFiniteActionError(ValueError):
+    """The policy returned a NaN or infinite action; it was not sent to the env."""
+
+
+class PretrainedError(ValueError):
+    """A pretrained directory or repo is missing, unreadable or in a format/config this project cannot load."""
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, incomplete, corrupt or does not fit the policy/env it is loaded into."""
+
+
+class NonFiniteWeightsError(CheckpointError):
+    """Weights hold NaN or infinite values (the training diverged): they are neither saved nor loaded."""
+
+
+class ChecksumError(RuntimeError):
+    """A checkpoint file's bytes differ from the ones it was saved with, or `checksums.json` is unreadable."""
+
+
+class RunDirError(RuntimeError):
+    """The run directory cannot be used by this launch (another run writes it, or it holds another config)."""
+
+
+class TrainingDivergedError(RuntimeError):
+    """The loss became NaN or infinite.
+
+    `update`, when known: the number (1-based, counted in this process) of the first update whose loss was not
+    finite. Found at log time (`StepMetrics`), it tells which weights gave that loss: those after update
+    `update - 1`.
+    """
+
+    def __init__(self, message: str, update: int | None = None):
+        super().__init__(message)
+        self.update = update
+
+
+# What the command line reports as one line (`error: ...`) and exit status 2.
+EXPECTED_ERRORS: tuple[type[BaseException], ...] = (
+    ConfigError,
+    DatasetError,
+    DatasetNotFoundError,
+    DeltaTimestampsError,
+    EnvWorkerError,
+    NonFiniteActionError,
+    PretrainedError,
+    CheckpointError,
+    RunDirError,
+    TrainingDivergedError,
+    FileNotFoundError,
+)

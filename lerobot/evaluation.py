@@ -1,0 +1,123 @@
+"""Evaluating a policy as a run config says: the vector env, the episodes of this process, the merged figures
+and `eval_info.json`. Used by `scripts/eval.py` and by the trainers' periodic evaluation."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from lerobot import distributed
+from lerobot.accel import accelerated
+from lerobot.config import env_config
+from lerobot.constants import EVAL_INFO_FILE
+from lerobot.envs import make_env, resolve_use_async
+from lerobot.policies.policy import Policy
+from lerobot.rollout import aggregate_episodes, eval_policy
+from lerobot.runtime.atomic import write_json
+
+log = logging.getLogger(__name__)
+
+
+def evaluate(cfg: DictConfig, policy: Policy, out_dir: Path, progress: bool = False) -> dict[str, Any]:
+    """Run `eval_policy` with the `eval` settings of `cfg`; write `out_dir/eval_info.json` and videos.
+
+    The env count is `min(eval.batch_size, episodes)`, sync or async per `eval.use_async_envs`. On N
+    processes (`distributed`) each one runs its contiguous share of the episodes, episode i with seed
+    `eval.start_seed + i` as on one process, in its own vector env of up to `eval.batch_size` envs; the
+    per-episode results are merged in episode order and aggregated once (identical to the one-process run
+    for a deterministic policy), and the main process writes `eval_info.json` and the videos (of its own
+    episodes, the first ones). Every process returns the merged results.
+    """
+    start, stop = distributed.share(cfg.eval.n_episodes)
+    main = distributed.is_main()
+    part = None
+    if stop > start:
+        part = _evaluate_episodes(
+            cfg,
+            policy,
+            start,
+            stop,
+            max_episodes_rendered=cfg.eval.max_episodes_rendered if main else 0,
+            videos_dir=Path(out_dir) / "videos" if main else None,
+            progress=progress and main,
+        )
+    parts = [(s, p) for s, p in distributed.gather((start, part)) if p is not None]
+    info = parts[0][1] if len(parts) == 1 else merge_eval_parts(parts)
+    info["config"] = OmegaConf.to_container(cfg, resolve=True)
+    if main:
+        write_json(Path(out_dir) / EVAL_INFO_FILE, info)
+    return info
+
+
+def _evaluate_episodes(
+    cfg: DictConfig,
+    policy: Policy,
+    start: int,
+    stop: int,
+    max_episodes_rendered: int,
+    videos_dir: Path | None,
+    progress: bool,
+) -> dict[str, Any]:
+    """`eval_policy` over episodes `[start, stop)` (seeds `eval.start_seed + i`) in a vector env of its own;
+    its rows count episodes from 0."""
+    env_cfg = env_config(cfg)
+    n_episodes = stop - start
+    n_envs = min(cfg.eval.batch_size, n_episodes)
+    use_async = resolve_use_async(cfg.eval.use_async_envs, env_cfg, n_envs)
+    log.info(
+        "evaluating %s on %s: episodes %d-%d of %d, %d %s envs",
+        cfg.policy.name,
+        env_cfg.name,
+        start,
+        stop - 1,
+        cfg.eval.n_episodes,
+        n_envs,
+        "async" if use_async else "sync",
+    )
+    env = make_env(env_cfg, n_envs, use_async=use_async, copy=False)
+    try:
+        # The policy's registered inference layer (e.g. Diffusion's CPU fast path) as the run's `inference`
+        # section asks, built from the policy in eval mode.
+        policy.eval()
+        with accelerated(policy, cfg.inference):
+            return eval_policy(
+                env,
+                policy,
+                n_episodes,
+                start_seed=cfg.eval.start_seed + start,
+                max_episodes_rendered=max_episodes_rendered,
+                videos_dir=videos_dir,
+                progress=progress,
+                step_timeout_s=cfg.eval.step_timeout_s,
+                schedule=cfg.eval.schedule,
+            )
+    finally:
+        env.close()
+
+
+def merge_eval_parts(parts: list[tuple[int, dict[str, Any]]]) -> dict[str, Any]:
+    """One `eval_policy` result from the results of consecutive episode ranges run side by side.
+
+    Args:
+        parts: `(first episode index, eval_policy result)` per range, in episode order.
+
+    Returns:
+        The per-episode rows renumbered and concatenated, figures aggregated over all of them, the wall
+        time of the slowest range, and every range's video paths.
+    """
+    per_episode = [
+        {**row, "episode_ix": first + row["episode_ix"]} for first, p in parts for row in p["per_episode"]
+    ]
+    aggs = [p["aggregated"] for _, p in parts]
+    busy = sum(a["env_steps"] for a in aggs)
+    # Each range's slot steps (idle slots included), recovered from its utilization.
+    slots = sum(round(a["env_steps"] / a["slot_utilization"]) for a in aggs)
+    aggregated = aggregate_episodes(per_episode, max(a["eval_s"] for a in aggs), busy, slots)
+    return {
+        "per_episode": per_episode,
+        "aggregated": aggregated,
+        "video_paths": [path for _, p in parts for path in p["video_paths"]],
+    }
