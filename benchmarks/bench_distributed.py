@@ -32,8 +32,8 @@ from lerobot.cli import compose_config
 from lerobot.config import env_config
 from lerobot.datasets import cycle_batches, import_dataset, make_dataset
 from lerobot.policies.factory import make_policy_config
-from lerobot.training.loop import TrainStep
 from lerobot.training.offline import make_offline_policy
+from lerobot.training.update import TrainStep
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ROWS = {"dp_keypoints_cpu": ["+experiment=diffusion_pusht_keypoints_cpu"]}

@@ -31,7 +31,7 @@ import torch
 from bench_train import default_data_root, diffusion_training
 from common import machine_info, print_table, save_results
 
-from lerobot.training.loop import TrainStep
+from lerobot.training.update import TrainStep
 
 HERE = Path(__file__).resolve().parent
 COLUMNS = ("lerobot fp32", "ours fp32", "lerobot bf16", "ours bf16", "ours bf16 before")

@@ -44,7 +44,7 @@ from lerobot.config import env_config
 from lerobot.datasets import cycle_batches, make_dataset
 from lerobot.policies.factory import make_policy, make_policy_config
 from lerobot.policies.policy import Policy
-from lerobot.training.loop import TrainStep
+from lerobot.training.update import TrainStep
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ROWS = {

@@ -44,7 +44,7 @@ from lerobot.constants import ACTION_IS_PAD
 from lerobot.evaluation import evaluate
 from lerobot.policies.factory import make_policy, make_policy_config
 from lerobot.runtime.atomic import write_json
-from lerobot.training.loop import TrainStep, to_device
+from lerobot.training.update import TrainStep, to_device
 
 IMAGE = ["policy=diffusion", "env=pusht"]
 KEYPOINTS = ["policy=diffusion", "env=pusht_keypoints"]

@@ -39,8 +39,9 @@ from lerobot.errors import ConfigError
 from lerobot.policies.diffusion.modeling import DiffusionPolicy
 from lerobot.policies.factory import make_policy, make_policy_config
 from lerobot.training.common import CPU_RECIPE, cpu_run_warning
-from lerobot.training.loop import StepMetrics, TrainingLoop, TrainStep
+from lerobot.training.progress import TrainingLoop
 from lerobot.training.replay_buffer import ReplayBuffer
+from lerobot.training.update import StepMetrics, TrainStep
 
 TORCH_OPTIM = str(Path(torch.optim.__file__).parent)
 

@@ -29,7 +29,7 @@ from lerobot.cli import eval_main, train_main
 from lerobot.datasets import StepBatchSampler
 from lerobot.policies.diffusion.modeling import ACTION_NOISE, CROP_OFFSETS, TIMESTEPS, DiffusionPolicy
 from lerobot.policies.diffusion.vision import random_crop
-from lerobot.training.loop import TrainStep, shard_training_noise
+from lerobot.training.update import TrainStep, shard_training_noise
 
 WORLD = 2
 # The keypoints model, as in test_train, with a global batch both processes share.

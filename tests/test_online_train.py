@@ -7,9 +7,11 @@ import math
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 
 from lerobot.checkpoints.run import latest_checkpoint, load_run_policy, load_training_state
 from lerobot.cli import compose_config, eval_main, train_main
+from lerobot.runtime.checksums import write_checksums
 from lerobot.training.online import UpdateSchedule
 
 TINY = [
@@ -156,3 +158,29 @@ def test_non_finite_action_stops_collection_with_one_line(tmp_path, monkeypatch,
     assert train_main([*TINY, "training.steps=40", f"output_dir={tmp_path / 'run'}"]) == 2
     err = capsys.readouterr().err
     assert "non-finite action" in err and "after 10 transitions" in err and "Traceback" not in err
+
+
+def test_both_trainers_share_one_training_state_and_old_online_checkpoints_resume(tmp_path):
+    """The online trainer keeps the offline trainer's layout (`model`, `optimizer`, `scheduler`, `ema`); a
+    checkpoint in the layout it wrote before (weights only in model.safetensors, `lr_scheduler`) resumes to
+    the same weights."""
+    runs = {name: tmp_path / name for name in ("new", "old")}
+    for run_dir in runs.values():
+        assert (
+            train_main([*TINY, "training.steps=20", "training.save_buffer=true", f"output_dir={run_dir}"])
+            == 0
+        )
+    ckpt = latest_checkpoint(runs["old"])
+    state = load_training_state(ckpt)
+    assert {"model", "optimizer", "scheduler", "ema"} <= set(state) and state["ema"] is None
+    del state["model"], state["ema"]
+    state["lr_scheduler"] = state.pop("scheduler")
+    torch.save(state, ckpt / "training_state.pt")
+    write_checksums(ckpt)
+    for run_dir in runs.values():
+        assert (
+            train_main([*TINY, "training.steps=40", "training.save_buffer=true", f"output_dir={run_dir}"])
+            == 0
+        )
+    new, old = (load_file(latest_checkpoint(r) / "model.safetensors") for r in runs.values())
+    assert new.keys() == old.keys() and all(torch.equal(new[k], old[k]) for k in new)

@@ -13,13 +13,13 @@ from lerobot.checkpoints import read_spec
 from lerobot.checkpoints.hub import CONFIG_JSON, MODEL_FILE
 from lerobot.cli import compose_config, eval_main
 from lerobot.config import env_config
-from lerobot.errors import PretrainedError
+from lerobot.errors import ConfigError, PretrainedError
 from lerobot.policies.diffusion.modeling import DiffusionPolicy
 from lerobot.policies.factory import make_policy, make_policy_config
 from lerobot.policies.policy import Policy
 from lerobot.policies.tdmpc.modeling import TDMPCPolicy
 from lerobot.training import offline
-from lerobot.training.loop import TrainStep
+from lerobot.training.update import TrainStep
 
 TINY = [
     "policy=diffusion",
@@ -117,6 +117,23 @@ def test_training_checkpoints_are_pretrained_directories(trained, tmp_path):
     saved = load_file(ckpt / MODEL_FILE)
     assert all(torch.equal(saved[k], v) for k, v in loaded.state_dict().items())
     assert read_spec(ckpt).env["name"] == "pusht_keypoints"
+
+
+def test_from_pretrained_takes_a_run_directory_and_validated_overrides(trained, tmp_path):
+    """A run directory (its newest checkpoint) and a hub-layout directory load through the one call, with
+    config overrides applied and checked like command-line ones."""
+    policy, cfg = trained
+    update = TrainStep(policy, policy.config, cfg.training, total_updates=1)
+    offline.save(tmp_path / "run", 5, policy, update, cfg)
+    policy.save_pretrained(tmp_path / "model")
+    for path in (tmp_path / "run", tmp_path / "model"):
+        loaded = Policy.from_pretrained(path, n_action_steps=2)
+        assert loaded.n_action_steps == 2 and loaded.config.n_action_steps == 2
+        assert torch.equal(_chunk(loaded), _chunk(policy))
+    with pytest.raises(PretrainedError, match="n_action_steps"):
+        Policy.from_pretrained(tmp_path / "model", n_action_steps=0)
+    with pytest.raises(ConfigError, match="n_action_steps"):
+        Policy.from_pretrained(tmp_path / "run", n_action_steps=0)
 
 
 def test_evaluating_a_saved_directory_uses_its_recorded_env(trained, tmp_path):

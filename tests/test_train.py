@@ -13,7 +13,7 @@ from test_dataset import ZARR, write_fake_zarr
 import lerobot.training.offline as offline
 from lerobot.cli import eval_main, train_main
 from lerobot.errors import TrainingDivergedError
-from lerobot.training.loop import TrainStep
+from lerobot.training.update import TrainStep
 
 TINY = [
     "policy=diffusion",

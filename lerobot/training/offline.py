@@ -22,7 +22,7 @@ from omegaconf import DictConfig
 from lerobot import distributed
 from lerobot.checkpoints.run import load_training_state, save_checkpoint
 from lerobot.config import env_config
-from lerobot.datasets import EpisodeDataset, cycle_batches, import_dataset, make_dataset
+from lerobot.datasets import EpisodeDataset, cycle_batches, dataset_fingerprint, import_dataset, make_dataset
 from lerobot.devices import resolve_device
 from lerobot.errors import ConfigError
 from lerobot.policies.config import PolicyConfig
@@ -32,7 +32,9 @@ from lerobot.policies.policy import Policy
 from lerobot.seeding import get_rng_state, set_rng_state, set_seed
 from lerobot.training.common import CpuPace, setup_run
 from lerobot.training.divergence import DivergenceGuard
-from lerobot.training.loop import TrainingLoop, TrainStep, to_device
+from lerobot.training.progress import TrainingLoop
+from lerobot.training.run_dir import check_training_data
+from lerobot.training.update import TrainStep, to_device
 
 log = logging.getLogger(__name__)
 
@@ -96,19 +98,20 @@ class _LogWindow:
         return metrics
 
 
-def save(run_dir: Path, step: int, policy: Policy, update: TrainStep, cfg: DictConfig) -> None:
-    """Checkpoint `step`: the EMA weights (when used) as the model, and everything `restore` needs besides."""
-    training_state = {
-        "model": policy.state_dict(),
-        "optimizer": update.optimizer.state_dict(),
-        "scheduler": update.scheduler.state_dict(),
-        "ema": update.ema.state_dict() if update.ema is not None else None,
-        "rng": get_rng_state(),
-        "step": step,
-    }
+def save(
+    run_dir: Path,
+    step: int,
+    policy: Policy,
+    update: TrainStep,
+    cfg: DictConfig,
+    data: dict[str, Any] | None = None,
+) -> None:
+    """Checkpoint `step`: the EMA weights (when used) as the model, everything `restore` needs besides, and
+    the fingerprint of the training data (`data`, from `dataset_fingerprint`) when given."""
+    training_state = {**update.state_dict(), "rng": get_rng_state(), "step": step}
     with update.averaged_weights():
         model = {k: v.clone() for k, v in policy.state_dict().items()}
-    save_checkpoint(run_dir, step, policy, cfg, training_state, eval_state_dict=model)
+    save_checkpoint(run_dir, step, policy, cfg, training_state, eval_state_dict=model, data_fingerprint=data)
 
 
 def restore(ckpt_dir: Path, policy: Policy, update: TrainStep) -> tuple[int, dict[str, Any]]:
@@ -117,11 +120,7 @@ def restore(ckpt_dir: Path, policy: Policy, update: TrainStep) -> tuple[int, dic
     The random states are left for the caller to set, after it has created the data iterator.
     """
     state = load_training_state(ckpt_dir)
-    policy.load_state_dict(state["model"])
-    update.optimizer.load_state_dict(state["optimizer"])
-    update.scheduler.load_state_dict(state["scheduler"])
-    if update.ema is not None:
-        update.ema.load_state_dict(state["ema"])
+    update.load_state_dict(state)
     log.info("resumed from %s at step %d", ckpt_dir, state["step"])
     return state["step"], state["rng"]
 
@@ -140,6 +139,9 @@ def train_offline(cfg: DictConfig, progress: bool = True) -> Path:
     # Every process draws the same random numbers: each takes its slice of the global batch's draws.
     set_seed(cfg.seed)
     dataset = make_dataset(cfg.dataset, env_cfg, policy_cfg.delta_timestamps(env_cfg.fps), split="train")
+    data = dataset_fingerprint(cfg.dataset, dataset.root)
+    if resume_from is not None:  # the checkpoint's data, unless training.allow_other_data
+        check_training_data(resume_from, data, cfg)
     policy = make_offline_policy(policy_cfg, dataset, device)
     update = TrainStep(policy, policy_cfg, cfg.training, total_updates=cfg.training.steps)
 
@@ -185,7 +187,7 @@ def train_offline(cfg: DictConfig, progress: bool = True) -> Path:
             if due.checkpoint or due.eval:
                 update.metrics.check_finite()  # never save or evaluate diverged weights
             if due.checkpoint and distributed.is_main():
-                save(run_dir, loop.step, policy, update, cfg)
+                save(run_dir, loop.step, policy, update, cfg, data)
                 guard.saved(loop.step)
             if due.eval:
                 with update.averaged_weights():

@@ -51,8 +51,9 @@ from lerobot.rollout import act
 from lerobot.seeding import get_rng_state, set_rng_state, set_seed
 from lerobot.training.common import setup_run
 from lerobot.training.divergence import DivergenceGuard
-from lerobot.training.loop import TrainingLoop, TrainStep, to_device
+from lerobot.training.progress import TrainingLoop
 from lerobot.training.replay_buffer import ReplayBuffer, sample_mixed
+from lerobot.training.update import TrainStep, to_device
 
 log = logging.getLogger(__name__)
 
@@ -328,10 +329,9 @@ def make_online_policy(policy_cfg: PolicyConfig, device: torch.device) -> Online
 def checkpoint_state(
     update: TrainStep, schedule: UpdateSchedule, counts: Counts, buffer: ReplayBuffer | None
 ) -> dict[str, Any]:
-    """What `restore` needs to continue the run, besides the weights; `buffer` is saved unless None."""
+    """What `restore` needs to continue the run; `buffer` is saved unless None."""
     state = {
-        "optimizer": update.optimizer.state_dict(),
-        "lr_scheduler": update.scheduler.state_dict(),
+        **update.state_dict(),
         "schedule": schedule.state_dict(),
         "transitions": counts.transitions,
         "updates": counts.updates,
@@ -350,10 +350,8 @@ def restore(
 
     The replay buffer is restored when the checkpoint holds one, else `buffer` stays empty.
     """
-    policy.load_state_dict(read_weights(ckpt_dir)[0])
     state = load_training_state(ckpt_dir)
-    update.optimizer.load_state_dict(state["optimizer"])
-    update.scheduler.load_state_dict(state["lr_scheduler"])
+    update.load_state_dict(state, weights=None if "model" in state else read_weights(ckpt_dir)[0])
     schedule.load_state_dict(state["schedule"])
     counts = Counts(state["transitions"], state["updates"], float(state.get("train_time_s", 0.0)))
     set_rng_state(state["rng"])
