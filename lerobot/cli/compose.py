@@ -17,9 +17,9 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lerobot.checkpoints.hub import PretrainedSpec
 from lerobot.checkpoints.run import load_config
-from lerobot.config import CONFIG_DIR, old_inference_keys_error
+from lerobot.config import CONFIG_DIR, RootConfig, old_inference_keys_error
 from lerobot.errors import ConfigError
-from lerobot.policies.factory import validate_run_config
+from lerobot.policies.factory import available_policies, policy_config_class, validate_run_config
 
 GROUPS = ("env", "policy")
 
@@ -103,9 +103,6 @@ def _store_schemas(dirs: list[Path]) -> None:
     the process, so which one won would depend on what was composed before."""
     from hydra.core.config_store import ConfigStore
 
-    from lerobot.config import RootConfig
-    from lerobot.policies.factory import available_policies, policy_config_class
-
     store = ConfigStore.instance()
     store.store(name="schema", node=RootConfig)
     for name in available_policies():
@@ -122,8 +119,6 @@ def group_options(group: str, dirs: Sequence[Path] = (CONFIG_DIR,)) -> list[str]
     """The names `group=<name>` accepts: YAML files in `dirs` (and, for `policy`, registered policies)."""
     names = {p.stem for d in dirs for p in (Path(d) / group).glob("*.yaml")}
     if group == "policy":
-        from lerobot.policies.factory import available_policies
-
         names.update(available_policies())
     return sorted(names)
 

@@ -2,7 +2,8 @@
 
 This module must stay torch-free, and so must everything it imports (`lerobot.config`,
 `lerobot.constants`, gymnasium, numpy): an `AsyncVectorEnv` worker unpickles `build_env`, which imports
-this module, and a torch import would cost every worker ~350 MB (docs/evaluation.md, "Faults").
+this module, and a torch import would load all of torch into every worker, many times the memory the
+worker needs otherwise.
 `tests/test_env_faults.py` checks that a worker's `sys.modules` holds no torch.
 """
 

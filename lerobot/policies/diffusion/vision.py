@@ -68,9 +68,9 @@ def replace_batch_norm(module: nn.Module) -> nn.Module:
 class _Conv2dWeightGradFp32(torch.autograd.Function):
     """A 2-D convolution in a low-precision dtype whose weight gradient is computed in fp32.
 
-    On CPU, PyTorch's bf16 convolution weight gradient is much slower than fp32's (docs/benchmarks.md), which
-    made bf16 autocast training of the image policy slower than fp32; the forward pass and the input
-    gradient are fast in bf16 and stay there.
+    On CPU, PyTorch's bf16 convolution weight gradient is much slower than fp32's, which made bf16
+    autocast training of the image policy slower than fp32; the forward pass and the input gradient are
+    fast in bf16 and stay there.
     """
 
     @staticmethod
