@@ -68,8 +68,8 @@ from lerobot.policies.diffusion.vision import RgbEncoder, center_crop, resize
 # `inference.dtype` -> the torch dtype the networks compute in.
 TORCH_DTYPES = {name: getattr(torch, name) for name in INFERENCE_DTYPES}
 # Rows up to which an int8 weight beats the prepacked bf16 one: `aten._weight_int8pack_mm`'s time grows
-# with the rows, while oneDNN's AMX kernel is bound by the weight bytes at any small row count
-# (docs/benchmarks.md has the measurements behind the crossover).
+# with the rows (its kernel has no AMX), while oneDNN's AMX kernel is bound by the weight bytes at any
+# small row count, so int8's halved bytes only win while the rows are few.
 INT8_MAX_ROWS = 4
 
 
