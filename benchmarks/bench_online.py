@@ -191,7 +191,7 @@ def compare(args: argparse.Namespace) -> dict:
                 ]
             )
             t0 = time.perf_counter()
-            train_online(cfg, progress=not args.quiet)
+            train_online(cfg, make_policy_config(cfg.policy, env_config(cfg)), progress=not args.quiet)
             wall = time.perf_counter() - t0
             results["runs"][key] = {
                 "n_envs": n_envs,

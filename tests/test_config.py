@@ -39,14 +39,17 @@ def test_env_yaml_restates_no_default(path):
 @pytest.mark.parametrize("path", sorted((CONFIG_DIR / "experiment").glob("*.yaml")), ids=lambda p: p.stem)
 def test_experiment_yaml_restates_no_default(path):
     exp = OmegaConf.to_container(OmegaConf.load(path))
-    assert _restated(exp.get("policy", {}), policy_config_class("diffusion")) == []
+    (policy,) = [
+        d["override /policy"] for d in exp["defaults"] if isinstance(d, dict) and "override /policy" in d
+    ]
+    assert _restated(exp.get("policy", {}), policy_config_class(policy)) == []
     assert _restated(exp.get("training", {}), TrainingConfig) == []
     assert _restated(exp.get("eval", {}), EvalConfig) == []
     top = {k: v for k, v in exp.items() if not isinstance(v, dict | list)}
     assert _restated(top, RootConfig) == []
 
 
-@pytest.mark.parametrize("name", ["diffusion", "tdmpc", "random", "scripted"])
+@pytest.mark.parametrize("name", ["diffusion", "tdmpc", "random", "scripted", "act"])
 def test_composed_and_saved_config_hold_every_field(name, tmp_path):
     env = "pendulum" if name == "tdmpc" else "pusht_keypoints"
     cfg = compose_config([f"policy={name}", f"env={env}"])
@@ -67,7 +70,7 @@ def test_composed_and_saved_config_hold_every_field(name, tmp_path):
 
 def test_every_registered_policy_composes_without_a_yaml():
     assert not list((CONFIG_DIR / "policy").glob("*.yaml"))
-    assert set(available_policies()) >= {"diffusion", "tdmpc", "random", "scripted"}
+    assert set(available_policies()) >= {"diffusion", "tdmpc", "random", "scripted", "act"}
     cfg = compose_config(["policy=tdmpc", "env=pendulum", "policy.num_samples=64"])
     assert cfg.policy.num_samples == 64 and cfg.policy.name == "tdmpc"
     assert all(f.default is not MISSING or f.default_factory is not MISSING for f in fields(RootConfig))

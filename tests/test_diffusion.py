@@ -118,6 +118,8 @@ def test_delta_timestamps_and_modality_defaults():
         output_features={"action": ACTION},
     )
     config.validate()
+    assert (config.down_dims, config.batch_size) == (None, None)  # validating changes nothing
+    config.resolve_defaults()
     assert (config.down_dims, config.batch_size) == ([512, 1024, 2048], 64)
     deltas = config.delta_timestamps(10)
     assert deltas["observation.image"] == deltas["observation.state"] == [-0.1, 0.0]
@@ -125,7 +127,7 @@ def test_delta_timestamps_and_modality_defaults():
     assert deltas["action"][0] == -0.1 and deltas["action"][-1] == pytest.approx(1.4)
 
     low_dim = keypoint_config(down_dims=None, horizon=16, n_action_steps=8)
-    low_dim.validate()
+    low_dim.resolve_defaults()
     assert (low_dim.down_dims, low_dim.batch_size) == ([256, 512, 1024], 256)
     assert set(low_dim.delta_timestamps(10)) == {
         "observation.environment_state",

@@ -146,3 +146,65 @@ def test_select_action_without_observation_between_chunks():
     history.select_action(obs(0))
     with pytest.raises(ValueError, match="n_obs_steps == 1"):
         history.select_action(None)  # the next chunk reads this step's observation
+
+
+class EnsembledPolicy(Policy):
+    """Temporal ensembling of chunks that depend on the observation: action j of a chunk predicted from the
+    newest observation x is `(x + j / 3, x * (j + 1) - j)`, so the predictions made for one step differ."""
+
+    def __init__(self, coeff: float, chunk_len: int = 5, n_action_steps: int = 1):
+        super().__init__(n_obs_steps=1, n_action_steps=n_action_steps, temporal_ensemble_coeff=coeff)
+        self.chunk_len = chunk_len
+
+    def predict_action_chunk(self, batch):
+        x = batch[OBS_STATE][:, -1]  # (B, 1)
+        j = torch.arange(self.chunk_len, dtype=torch.float32)[None]  # (1, T)
+        return torch.stack([x + j / 3, x * (j + 1) - j], dim=-1)  # (B, T, 2)
+
+    def forward(self, batch):
+        return {"loss": torch.zeros(())}
+
+
+@pytest.mark.parametrize("coeff", [0.0, 0.01, 0.7])
+def test_ensembling_per_env_resets_match_each_env_alone(coeff):
+    """Under random per-env resets, every env slot gets exactly the actions a policy driving that env alone
+    gets from the same observations since its reset; a chunk is predicted at every step."""
+    n_envs, rng = 4, torch.Generator().manual_seed(0)
+    policy = EnsembledPolicy(coeff)
+    alone = [EnsembledPolicy(coeff) for _ in range(n_envs)]
+    for t in range(40):
+        resets = torch.nonzero(torch.rand(n_envs, generator=rng) < 0.2).flatten().tolist()
+        if resets and t > 0:
+            policy.reset(env_ids=resets)
+            for env_id in resets:
+                alone[env_id].reset()
+        assert policy.steps_until_chunk() == 0
+        values = (torch.randn(n_envs, generator=rng) * 50).tolist()
+        action = policy.select_action(obs(*values))
+        for env_id, single in enumerate(alone):
+            assert torch.equal(action[env_id], single.select_action(obs(values[env_id]))[0]), f"step {t}"
+
+
+def test_ensembling_predicts_every_step_and_needs_observations():
+    policy = EnsembledPolicy(0.1)
+    policy.select_action(obs(1.0, 2.0))
+    assert policy.steps_until_chunk() == 0
+    with pytest.raises(ValueError, match="steps_until_chunk"):
+        policy.select_action(None)
+    # A full reset (or a new batch size) starts every ensemble over: the first action is the chunk's first.
+    policy.reset()
+    assert policy.select_action(obs(7.0)).tolist() == [[7.0, 7.0]]
+    assert policy.select_action(obs(7.0, 8.0)).tolist() == [[7.0, 7.0], [8.0, 8.0]]
+    # Chunks of one action: the ensemble is that action.
+    single = EnsembledPolicy(0.1, chunk_len=1)
+    assert [single.select_action(obs(float(t))).tolist() for t in range(3)] == [
+        [[0.0, 0.0]],
+        [[1.0, 1.0]],
+        [[2.0, 2.0]],
+    ]
+
+
+@pytest.mark.parametrize("coeff,n_action_steps", [(-0.5, 1), (0.1, 2)])
+def test_ensembling_settings_are_checked(coeff, n_action_steps):
+    with pytest.raises(ValueError, match="temporal_ensemble_coeff"):
+        EnsembledPolicy(coeff, n_action_steps=n_action_steps)

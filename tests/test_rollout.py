@@ -17,6 +17,8 @@ from lerobot.config import env_config, validate_config
 from lerobot.constants import OBS_STATE
 from lerobot.envs import make_env, make_single_env, observation_to_batch
 from lerobot.policies import Policy
+from lerobot.policies.diffusion.configuration import DiffusionConfig
+from lerobot.policies.diffusion.modeling import DiffusionPolicy
 from lerobot.rollout import EnvWorkerError, eval_policy
 
 
@@ -32,6 +34,35 @@ class EchoSeedPolicy(Policy):
 
     def forward(self, batch):
         raise NotImplementedError
+
+
+class EnsembleEchoPolicy(Policy):
+    """Temporal ensembling of deterministic chunks that depend on the observations and the step: action j of
+    a chunk predicted from observations (o_old, o_new), o = (seed, t), is `(seed, t_new * (1 + j) + t_old / 4 + j)`,
+    so the predictions for one step differ and their weighted mean depends on which of them it holds. Element-
+    wise maths only: an env's chunk does not depend on the batch."""
+
+    def __init__(self, coeff: float = 0.1, chunk_len: int = 4):
+        super().__init__(n_obs_steps=2, n_action_steps=1, temporal_ensemble_coeff=coeff)
+        self.chunk_len = chunk_len
+
+    def predict_action_chunk(self, batch):
+        history = batch[OBS_STATE]  # (B, 2, 2)
+        seed, t_new, t_old = history[:, -1, :1], history[:, -1, 1:], history[:, 0, 1:]  # (B, 1) each
+        j = torch.arange(self.chunk_len, dtype=history.dtype)[None]  # (1, T)
+        value = t_new * (1 + j) + t_old / 4 + j  # (B, T)
+        return torch.stack([seed.expand_as(value), value], dim=-1)
+
+    def forward(self, batch):
+        raise NotImplementedError
+
+
+# Policy kind -> (policy factory, env factory). The ensembling env adds action[1] to its rewards, so any
+# difference in an ensembled action shows in the per-episode results.
+KINDS = {
+    "queue": (EchoSeedPolicy, make_toy),
+    "ensemble": (EnsembleEchoPolicy, functools.partial(make_toy, action_weight=1e-3)),
+}
 
 
 def reference(make_single, policy: Policy, n_episodes: int, start_seed: int) -> list[dict]:
@@ -67,23 +98,25 @@ def strip(per_episode: list[dict]) -> list[dict]:
     return [{k: e[k] for k in ("sum_reward", "max_reward", "success", "n_steps")} for e in per_episode]
 
 
+@pytest.mark.parametrize("kind", list(KINDS))
 @pytest.mark.parametrize("use_async", [False, True])
-@pytest.mark.parametrize("num_envs", [1, 3, 4])
+@pytest.mark.parametrize("num_envs", [1, 3, 4, 5])
 @pytest.mark.parametrize("schedule", ["refill", "refill_aligned", "batch"])
-def test_toy_env_matches_single_env_reference(num_envs, use_async, schedule):
+def test_toy_env_matches_single_env_reference(num_envs, use_async, schedule, kind):
+    make_policy, make_single = KINDS[kind]
     n_episodes, start_seed = 7, 10
-    want = reference(make_toy, EchoSeedPolicy(), n_episodes, start_seed)
+    want = reference(make_single, make_policy(), n_episodes, start_seed)
     # Episodes end at different steps, some by termination, some by truncation.
     assert (
         len({e["n_steps"] for e in want}) > 2
         and any(not e["success"] for e in want)
         and any(e["success"] for e in want)
     )
-    fns = [make_toy] * num_envs
+    fns = [make_single] * num_envs
     env = AsyncVectorEnv(fns, context="spawn") if use_async else SyncVectorEnv(fns)
     try:
         got = eval_policy(
-            env, EchoSeedPolicy(), n_episodes, start_seed=start_seed, progress=False, schedule=schedule
+            env, make_policy(), n_episodes, start_seed=start_seed, progress=False, schedule=schedule
         )
     finally:
         env.close()
@@ -93,12 +126,14 @@ def test_toy_env_matches_single_env_reference(num_envs, use_async, schedule):
     assert all(e["max_reward"] > 0 for e in got["per_episode"])
 
 
-@pytest.mark.parametrize("schedule", ["refill", "refill_aligned"])
+@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("schedule", ["refill", "refill_aligned", "batch"])
 @pytest.mark.parametrize("mode", list(AutoresetMode))
-def test_every_autoreset_mode_counts_exactly(mode, schedule):
-    want = reference(make_toy, EchoSeedPolicy(), 5, 0)
-    env = SyncVectorEnv([make_toy] * 2, autoreset_mode=mode)
-    got = eval_policy(env, EchoSeedPolicy(), 5, start_seed=0, progress=False, schedule=schedule)
+def test_every_autoreset_mode_counts_exactly(mode, schedule, kind):
+    make_policy, make_single = KINDS[kind]
+    want = reference(make_single, make_policy(), 5, 0)
+    env = SyncVectorEnv([make_single] * 2, autoreset_mode=mode)
+    got = eval_policy(env, make_policy(), 5, start_seed=0, progress=False, schedule=schedule)
     assert strip(got["per_episode"]) == want
 
 
@@ -252,6 +287,68 @@ def test_pusht_policy_matches_reference(use_async):
             assert g["max_reward"] == pytest.approx(w["max_reward"], rel=1e-12, abs=1e-12), (
                 f"num_envs={num_envs}"
             )
+
+
+class RowwiseDiffusion(DiffusionPolicy):
+    """Diffusion Policy whose chunks are a function of each env's own observations: every row is denoised alone
+    from the same seeded noise, so a row depends neither on the other rows nor on earlier calls."""
+
+    def sample_actions(self, global_cond, generator=None):
+        rows = []
+        for row in global_cond:
+            rows.append(super().sample_actions(row[None], torch.Generator().manual_seed(0)))
+        return torch.cat(rows)
+
+
+def _ensembling_diffusion(env_cfg) -> RowwiseDiffusion:
+    """A tiny untrained keypoint Diffusion Policy (2 observation steps, chunks of 7 actions from now) executing
+    one action per step with temporal ensembling; statistics from the features' bounds."""
+    config = DiffusionConfig(
+        input_features=env_cfg.input_features(),
+        output_features=env_cfg.output_features(),
+        n_action_steps=1,
+        horizon=8,
+        temporal_ensemble_coeff=0.05,
+        down_dims=[16, 32],
+        diffusion_step_embed_dim=8,
+        n_groups=4,
+        inference_scheduler="DDIM",
+        num_inference_steps=2,
+    )
+    stats = {
+        key: {
+            "min": torch.tensor(feature.low).expand(feature.shape),
+            "max": torch.tensor(feature.high).expand(feature.shape),
+        }
+        for key, feature in env_cfg.features.items()
+    }
+    torch.manual_seed(0)
+    return RowwiseDiffusion(config, dataset_stats=stats).eval()
+
+
+# Under ensembling every step predicts, so refill_aligned begins episodes at once, as refill does.
+@pytest.mark.parametrize(
+    "use_async,schedule",
+    [(False, "refill"), (False, "refill_aligned"), (False, "batch"), (True, "refill_aligned")],
+)
+def test_ensembling_diffusion_matches_reference(use_async, schedule):
+    """Diffusion Policy with n_action_steps=1 and temporal ensembling: each episode over 1, 3, 4 or 5 envs gets
+    what it gets alone (the rewards to 1e-12, as gym-pusht's own, see above)."""
+    env_cfg = _pusht_env_cfg("pusht_keypoints", 20)
+    policy = _ensembling_diffusion(env_cfg)
+    want = reference(functools.partial(make_single_env, env_cfg), policy, 5, 200)
+    for num_envs in (1, 3, 4, 5):
+        env = make_env(env_cfg, num_envs, use_async=use_async)
+        try:
+            got = strip(
+                eval_policy(env, policy, 5, start_seed=200, progress=False, schedule=schedule)["per_episode"]
+            )
+        finally:
+            env.close()
+        assert [(e["n_steps"], e["success"]) for e in got] == [(e["n_steps"], e["success"]) for e in want]
+        for g, w in zip(got, want):
+            for key in ("sum_reward", "max_reward"):
+                assert g[key] == pytest.approx(w[key], rel=1e-12, abs=1e-12), f"num_envs={num_envs}"
 
 
 def test_observation_batch_shapes_and_ranges():

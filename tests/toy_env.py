@@ -1,7 +1,9 @@
 """A tiny deterministic env for rollout tests: episodes end at seed-dependent steps.
 
 Observation `observation.state` = (seed, t): already keyed by our batch key, so the raw env (with no
-`make_env` wrapper) feeds `observation_to_batch` directly. Reward at step t is `seed + t / 100`. The episode terminates at step
+`make_env` wrapper) feeds `observation_to_batch` directly. Reward at step t is `seed + t / 100` (plus
+`action_weight * action[1]` when `action_weight` is set, so that every action value shows in the rewards).
+The episode terminates at step
 `term_at(seed)` (success) or is truncated by the time limit; with `fail_at` the env raises at that step,
 with `hang_at` it sleeps for a minute there.
 """
@@ -32,6 +34,7 @@ class ToyEnv(gym.Env):
         fail_at: int | None = None,
         hang_at: int | None = None,
         frame_side: int = 8,
+        action_weight: float = 0.0,
     ):
         self.observation_space = spaces.Dict({"observation.state": spaces.Box(-1e6, 1e6, (2,), np.float64)})
         self.action_space = spaces.Box(-1e6, 1e6, (2,), np.float32)
@@ -39,6 +42,7 @@ class ToyEnv(gym.Env):
         self.fail_at = fail_at
         self.hang_at = hang_at
         self.frame_side = frame_side
+        self.action_weight = action_weight
         self.seed_value = 0
         self.t = 0
 
@@ -62,6 +66,8 @@ class ToyEnv(gym.Env):
         reward = (
             self.seed_value + self.t / 100 + (0.0 if self.last_action_seed == self.seed_value else -1000.0)
         )
+        if self.action_weight:
+            reward += self.action_weight * float(np.asarray(action)[1])
         terminated = self.t >= term_at(self.seed_value)
         return self._obs(), reward, terminated, False, {"is_success": terminated}
 
@@ -77,11 +83,14 @@ def make_toy(
     hang_at: int | None = None,
     worker_start_delay_s: float = 0.0,
     frame_side: int = 8,
+    action_weight: float = 0.0,
 ) -> gym.Env:
     """A time-limited ToyEnv (truncation after `max_episode_steps`) rendering (frame_side, frame_side, 3)
-    frames; built in a worker process it first sleeps `worker_start_delay_s` (a stuck start-up)."""
+    frames; built in a worker process it first sleeps `worker_start_delay_s` (a stuck start-up).
+    `action_weight`: see the module docstring."""
     if multiprocessing.parent_process() is not None:
         time.sleep(worker_start_delay_s)
     return gym.wrappers.TimeLimit(
-        ToyEnv(fail_at=fail_at, hang_at=hang_at, frame_side=frame_side), max_episode_steps=max_episode_steps
+        ToyEnv(fail_at=fail_at, hang_at=hang_at, frame_side=frame_side, action_weight=action_weight),
+        max_episode_steps=max_episode_steps,
     )

@@ -87,7 +87,11 @@ class RandomPolicy(Policy):
     """Samples actions uniformly in the action bounds from its own seeded generator."""
 
     def __init__(self, config: RandomConfig, dataset_stats: dict | None = None):
-        super().__init__(n_obs_steps=config.n_obs_steps, n_action_steps=config.n_action_steps)
+        super().__init__(
+            n_obs_steps=config.n_obs_steps,
+            n_action_steps=config.n_action_steps,
+            temporal_ensemble_coeff=config.temporal_ensemble_coeff,
+        )
         self.config = config
         low, high = _bounds(config)
         self.register_buffer("low", low)
@@ -150,7 +154,9 @@ class ScriptedPushPolicy(Policy):
     """
 
     def __init__(self, config: ScriptedConfig, dataset_stats: dict | None = None):
-        super().__init__(n_obs_steps=1, n_action_steps=1)
+        super().__init__(
+            n_obs_steps=1, n_action_steps=1, temporal_ensemble_coeff=config.temporal_ensemble_coeff
+        )
         self.config = config
         low, high = _bounds(config)
         self.register_buffer("low", low)

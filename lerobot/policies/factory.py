@@ -105,6 +105,7 @@ def make_policy_config(policy_section: DictConfig | dict, env_cfg: EnvConfig) ->
     cfg: PolicyConfig = OmegaConf.to_object(merged)
     cfg.input_features = env_cfg.input_features()
     cfg.output_features = env_cfg.output_features()
+    cfg.resolve_defaults()
     cfg.validate()
     return cfg
 
@@ -182,4 +183,9 @@ register_policy(
     "tdmpc",
     config="lerobot.policies.tdmpc.configuration:TDMPCConfig",
     policy="lerobot.policies.tdmpc.modeling:TDMPCPolicy",
+)
+register_policy(
+    "act",
+    config="lerobot.policies.act.configuration:ACTConfig",
+    policy="lerobot.policies.act.modeling:ACTPolicy",
 )

@@ -22,8 +22,14 @@ class OnlinePolicy(Policy):
     - `set_noise_seed(seed)`: seeds the policy's own action noise, so data collection is reproducible.
     """
 
-    def __init__(self, *, n_obs_steps: int, n_action_steps: int):
-        super().__init__(n_obs_steps=n_obs_steps, n_action_steps=n_action_steps)
+    def __init__(
+        self, *, n_obs_steps: int, n_action_steps: int, temporal_ensemble_coeff: float | None = None
+    ):
+        super().__init__(
+            n_obs_steps=n_obs_steps,
+            n_action_steps=n_action_steps,
+            temporal_ensemble_coeff=temporal_ensemble_coeff,
+        )
         self.explore = False
 
     @property

@@ -50,17 +50,34 @@ class Policy(nn.Module, abc.ABC):
     `reset(env_ids)` clears the history and queue of those envs only, so an evaluation loop can start a new
     episode in one slot while the others keep their queued actions.
 
+    Temporal ensembling (ACT, Zhao et al. 2023), when `temporal_ensemble_coeff` is set (`n_action_steps`
+    must then be 1): every env predicts a whole chunk at every step and the action executed at step t is
+    the weighted mean of all the predictions made for step t since the env's last reset, with weight
+    `exp(-m * i)` for the i-th oldest of them (`m = temporal_ensemble_coeff`; 0 is a plain mean, larger
+    values trust older predictions more). The mean is updated online, per env slot, with LeRobot's
+    `ACTTemporalEnsembler` arithmetic (see `_select_ensembled_action`).
+
     To implement: `predict_action_chunk` and `forward`. Optional: `on_reset` for per-env state of the
     subclass (read `chunk_env_ids` in `predict_action_chunk` to know which env slots its rows are), and
     `optimizer_param_groups` for per-group optimizer settings.
     """
 
-    def __init__(self, *, n_obs_steps: int, n_action_steps: int):
+    def __init__(
+        self, *, n_obs_steps: int, n_action_steps: int, temporal_ensemble_coeff: float | None = None
+    ):
         super().__init__()
         if n_obs_steps < 1 or n_action_steps < 1:
             raise ValueError(f"n_obs_steps={n_obs_steps} and n_action_steps={n_action_steps} must be >= 1")
+        if temporal_ensemble_coeff is not None and not (temporal_ensemble_coeff >= 0 and n_action_steps == 1):
+            raise ValueError(
+                f"temporal_ensemble_coeff={temporal_ensemble_coeff} must be >= 0 and needs n_action_steps=1 "
+                f"(got {n_action_steps})"
+            )
         self.n_obs_steps = n_obs_steps
         self.n_action_steps = n_action_steps
+        self.temporal_ensemble_coeff = temporal_ensemble_coeff
+        # Chunk length -> (weights, cumulative weights) of the ensemble, float32 (see `_ensemble_weights`).
+        self._ensemble_tables: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.reset()
 
     # ----------------------------------------------------------------- to implement
@@ -140,10 +157,14 @@ class Policy(nn.Module, abc.ABC):
         state.chunk_step[ids] = _NO_CHUNK
         state.refill_step = state.step
         state.aligned_step = None
+        if state.ensemble_count is not None:
+            state.ensemble_count[ids] = 0  # their running means start over with the next chunk
         self.on_reset(torch.from_numpy(ids))
 
     def steps_until_chunk(self) -> int:
-        """How many `select_action` calls only pop queued actions before one predicts a chunk (0: the next)."""
+        """How many `select_action` calls only pop queued actions before one predicts a chunk (0: the next).
+
+        Always 0 under temporal ensembling, which predicts at every step."""
         state = self._acting
         return max(state.refill_step - state.step, 0)
 
@@ -155,6 +176,8 @@ class Policy(nn.Module, abc.ABC):
         predicts no chunk (`steps_until_chunk() > 0`) of a policy that keeps no history (`n_obs_steps ==
         1`): nothing would read it, so a caller can skip converting it.
         """
+        if self.temporal_ensemble_coeff is not None:
+            return self._select_ensembled_action(batch)
         state = self._acting
         if batch is None:
             if self.n_obs_steps > 1 or state.step >= state.refill_step:
@@ -215,6 +238,67 @@ class Policy(nn.Module, abc.ABC):
         state.refill_step = oldest + self.n_action_steps
         state.aligned_step = oldest if oldest == state.step else None
 
+    def _ensemble_weights(self, chunk_len: int) -> tuple[np.ndarray, np.ndarray]:
+        """`(w, W)` for chunks of `chunk_len` actions, float32 `(chunk_len,)`: `w[i] = exp(-m * i)` and its
+        running sum `W[i] = w[0] + ... + w[i]`.
+
+        Computed by torch as LeRobot's `ACTTemporalEnsembler` computes them (float32 exp and cumsum), so that
+        the ensembles agree to the last bit."""
+        if chunk_len not in self._ensemble_tables:
+            weights = torch.exp(-self.temporal_ensemble_coeff * torch.arange(chunk_len))
+            self._ensemble_tables[chunk_len] = (weights.numpy(), torch.cumsum(weights, dim=0).numpy())
+        return self._ensemble_tables[chunk_len]
+
+    def _select_ensembled_action(self, batch: dict[str, Tensor] | None) -> Tensor:
+        """`select_action` under temporal ensembling: a chunk `(B, T, A)` for every env at every step, merged
+        into each env's running means of the next T steps.
+
+        Per env, `mean[j]` is the mean of the `n[j]` predictions made so far for step `now + j` (since the
+        env's reset), the i-th oldest weighted by `w[i]`. A new prediction `a[j]` for that step enters as
+
+            mean[j] <- (mean[j] * W[n[j] - 1] + a[j] * w[n[j]]) / W[n[j]]       (mean[j] <- a[j] if n[j] = 0)
+
+        which is LeRobot's online update, the same float32 operations in the same order. Then `mean[0]` is
+        executed and the window moves one step on. Everything is elementwise over `(B, T, A)` host arrays,
+        so an env's actions depend on its own chunks only, never on the other envs of the batch.
+        """
+        if batch is None:
+            raise ValueError("select_action(None) needs n_obs_steps == 1 and steps_until_chunk() > 0")
+        self._observe(self._acting, batch)
+        state = self._acting
+        ids = np.arange(state.batch_size)
+        history = self._stacked_history(state, ids)
+        chunk = self.predict_action_chunk(history)
+        if chunk.ndim != 3 or chunk.shape[0] != state.batch_size:
+            raise ValueError(
+                f"{type(self).__name__}.predict_action_chunk returned shape {tuple(chunk.shape)}; expected "
+                f"(B={state.batch_size}, T, action_dim)"
+            )
+        chunk = chunk.to("cpu", torch.float32).numpy(force=True)  # (B, T, A); read, never stored
+        batch_size, chunk_len, action_dim = chunk.shape
+        weights, cumulative = self._ensemble_weights(chunk_len)
+        if state.ensemble is None:
+            state.ensemble = np.zeros((batch_size, chunk_len - 1, action_dim), dtype=np.float32)
+            state.ensemble_count = np.zeros((batch_size, chunk_len - 1), dtype=np.int64)
+        elif state.ensemble.shape[1:] != (chunk_len - 1, action_dim):
+            raise ValueError(
+                f"{type(self).__name__}.predict_action_chunk returned shape {tuple(chunk.shape)} after chunks of "
+                f"{state.ensemble.shape[1] + 1} actions: temporal ensembling needs one chunk length"
+            )
+        count = state.ensemble_count  # (B, T-1): predictions already in the mean of steps now .. now+T-2
+        overlap = chunk[:, :-1]
+        updated = state.ensemble * cumulative[np.maximum(count - 1, 0)][..., None]
+        updated = updated + overlap * weights[count][..., None]
+        updated = updated / cumulative[count][..., None]
+        merged = np.concatenate([np.where((count == 0)[..., None], overlap, updated), chunk[:, -1:]], axis=1)
+        # New arrays every step (no in-place write), so actions returned earlier never change.
+        state.ensemble = merged[:, 1:]
+        counts = np.concatenate([count + 1, np.ones((batch_size, 1), np.int64)], axis=1)  # (B, T)
+        state.ensemble_count = counts[:, 1:]
+        state.step += 1
+        state.refill_step = state.step  # the next call predicts again: steps_until_chunk() == 0
+        return torch.from_numpy(merged[:, 0])
+
     def _stacked_history(self, state: _ActingState, ids: np.ndarray) -> dict[str, Tensor]:
         """`{key: (b, n_obs_steps, ...)}` for the envs `ids`, oldest first.
 
@@ -270,3 +354,7 @@ class _ActingState:
     refill_step: int = 0  # first step at which some env's queue is used up
     aligned_step: int | None = None  # the chunk step all envs share, when they share one
     chunk_env_ids: Tensor | None = None  # see `Policy.chunk_env_ids`
+    # Temporal ensembling only: running means (B, T-1, action_dim) of the next T-1 steps' actions, and how
+    # many predictions each holds (B, T-1), 0 for an env that has none yet (reset).
+    ensemble: np.ndarray | None = None
+    ensemble_count: np.ndarray | None = None

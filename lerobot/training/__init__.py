@@ -12,12 +12,15 @@ from lerobot.errors import ConfigError
 from lerobot.policies.config import OFFLINE, ONLINE
 from lerobot.policies.factory import make_policy_config
 from lerobot.runtime.lock import release_run_dir
+from lerobot.training.offline import train_offline
+from lerobot.training.online import train_online
 
 
 def train(cfg: DictConfig) -> Path:
     """Train the configured policy (offline or online by its `training_mode`); return the run directory.
 
-    The run directory's lock, taken by the trainer's `setup_run`, is released when this returns or raises.
+    The policy config is built here, once, and handed to the trainer. The run directory's lock, taken by the
+    trainer's `setup_run`, is released when this returns or raises.
     """
     policy_cfg = make_policy_config(cfg.policy, env_config(cfg))
     if policy_cfg.training_mode not in (OFFLINE, ONLINE):
@@ -29,12 +32,8 @@ def train(cfg: DictConfig) -> Path:
         )
     try:
         if policy_cfg.training_mode == OFFLINE:
-            from lerobot.training.offline import train_offline
-
-            return train_offline(cfg)
-        from lerobot.training.online import train_online
-
-        return train_online(cfg)
+            return train_offline(cfg, policy_cfg)
+        return train_online(cfg, policy_cfg)
     finally:
         if cfg.output_dir is not None:
             release_run_dir(Path(cfg.output_dir))

@@ -4,7 +4,7 @@ Defaults follow the paper's PushT setup: 2 observation steps, a 16-step action h
 executed, a ResNet-18 with GroupNorm and a spatial softmax for images, a 1-D temporal U-Net conditioned
 through FiLM, 100 DDPM steps with the `squaredcos_cap_v2` schedule and epsilon prediction.
 
-Fields left `None` are resolved by `validate()` from the input features:
+Fields left `None` are resolved by `resolve_defaults()` from the input features:
 
 | field        | with an image input | low-dimensional (keypoints) |
 |--------------|---------------------|-----------------------------|
@@ -94,47 +94,23 @@ class DiffusionConfig(PolicyConfig):
     ema_power: float = 0.75
     ema_max_decay: float = 0.9999
 
-    # ------------------------------------------------------------------ features by kind
-    @property
-    def image_features(self) -> dict[str, list[int]]:
-        """`{key: (C, H, W)}` of the visual inputs."""
-        return {k: list(f.shape) for k, f in self.input_features.items() if f.kind == VISUAL}
-
-    @property
-    def state_feature(self) -> tuple[str, int] | None:
-        """`(key, dim)` of the `state` input (the robot's own position), or None."""
-        return self._single_vector(STATE)
-
-    @property
-    def env_state_feature(self) -> tuple[str, int] | None:
-        """`(key, dim)` of the `env_state` input (e.g. keypoints), or None."""
-        return self._single_vector(ENV_STATE)
-
-    @property
-    def action_key(self) -> str:
-        """Batch key of the action feature."""
-        (key,) = self.output_features
-        return key
-
-    def _single_vector(self, kind: str) -> tuple[str, int] | None:
-        found = [(k, f) for k, f in self.input_features.items() if f.kind == kind]
-        if not found:
-            return None
-        if len(found) > 1:
-            raise ConfigError(f"diffusion policy takes one {kind!r} input, got {[k for k, _ in found]}")
-        key, feature = found[0]
-        if len(feature.shape) != 1:
-            raise ConfigError(f"input feature {key!r} ({kind}) must be a vector, got shape {feature.shape}")
-        return key, feature.shape[0]
-
     # ------------------------------------------------------------------ validation
-    def validate(self) -> None:
-        """Resolve modality-dependent defaults, then raise `ConfigError` on inconsistent settings."""
-        has_images = bool(self.image_features)
+    @property
+    def default_down_dims(self) -> list[int]:
+        """The U-Net widths of this modality (see the module docstring)."""
+        return [512, 1024, 2048] if self.image_features else [256, 512, 1024]
+
+    def resolve_defaults(self) -> None:
+        """`down_dims` and `batch_size` left `None`: the modality's defaults (see the module docstring)."""
         if self.down_dims is None:
-            self.down_dims = [512, 1024, 2048] if has_images else [256, 512, 1024]
+            self.down_dims = self.default_down_dims
         if self.batch_size is None:
-            self.batch_size = 64 if has_images else 256
+            self.batch_size = 64 if self.image_features else 256
+
+    def validate(self) -> None:
+        """Raise `ConfigError` on inconsistent settings; fields still `None` stand for their modality's default,
+        which `resolve_defaults` fills in."""
+        has_images = bool(self.image_features)
         super().validate()
 
         if len(self.output_features) != 1:
@@ -159,20 +135,21 @@ class DiffusionConfig(PolicyConfig):
                 f"{self.n_action_steps + self.n_obs_steps - 1}: the chunk starts at the first observation "
                 "step and must still hold n_action_steps actions from the current step on"
             )
-        if not self.down_dims or any(d < 1 for d in self.down_dims):
+        dims = self.down_dims if self.down_dims is not None else self.default_down_dims
+        if not dims or any(d < 1 for d in dims):
             raise ConfigError(f"policy.down_dims={self.down_dims} must be a non-empty list of positive ints")
         # The U-Net halves the time axis after every level but the last.
-        factor = 2 ** (len(self.down_dims) - 1)
+        factor = 2 ** (len(dims) - 1)
         if self.horizon % factor:
             raise ConfigError(
                 f"policy.horizon={self.horizon} must be divisible by 2**(len(down_dims)-1)={factor} "
-                f"(the U-Net downsamples the time axis {len(self.down_dims) - 1} times)"
+                f"(the U-Net downsamples the time axis {len(dims) - 1} times)"
             )
-        for dim in self.down_dims:
+        for dim in dims:
             if dim % self.n_groups:
                 raise ConfigError(
                     f"policy.n_groups={self.n_groups} must divide every U-Net width "
-                    f"(down_dims={self.down_dims}) for GroupNorm"
+                    f"(down_dims={dims}) for GroupNorm"
                 )
         if self.kernel_size < 1 or self.kernel_size % 2 == 0:
             raise ConfigError(f"policy.kernel_size={self.kernel_size} must be odd (same-length convolutions)")

@@ -85,8 +85,8 @@ class DiffusionPolicy(Policy):
     """Diffusion Policy with a conditional 1-D U-Net, for image or low-dimensional (keypoint) observations.
 
     Args:
-        config: a `DiffusionConfig` whose `input_features` / `output_features` are filled; `validate()` is
-            called here (idempotent) to resolve `down_dims` / `batch_size`.
+        config: a `DiffusionConfig` whose `input_features` / `output_features` are filled; `resolve_defaults()` and
+            `validate()` are called here (idempotent), for a config not made by `make_policy_config`.
         dataset_stats: `{key: {"mean","std","min","max": Tensor}}` for the normalized features; None when the
             statistics come from a checkpoint loaded next (`load_state_dict`).
 
@@ -98,8 +98,13 @@ class DiffusionPolicy(Policy):
     def __init__(
         self, config: DiffusionConfig, dataset_stats: Mapping[str, Mapping[str, Tensor]] | None = None
     ):
+        config.resolve_defaults()  # a config made directly, not by make_policy_config, may still hold None
         config.validate()
-        super().__init__(n_obs_steps=config.n_obs_steps, n_action_steps=config.n_action_steps)
+        super().__init__(
+            n_obs_steps=config.n_obs_steps,
+            n_action_steps=config.n_action_steps,
+            temporal_ensemble_coeff=config.temporal_ensemble_coeff,
+        )
         self.config = config
         self.generator: torch.Generator | None = None
 

@@ -1,0 +1,1 @@
+"""ACT: the Action Chunking Transformer policy (`ACTConfig`, `ACTPolicy`)."""
