@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from einops import einsum
 
 from lerobot.config import FeatureConfig
 from lerobot.constants import ACTION, NEXT_REWARD, OBS_ENV_STATE, OBS_STATE
 from lerobot.errors import ConfigError
 from lerobot.policies.online_policy import OnlinePolicy
 from lerobot.policies.tdmpc import TDMPCConfig, TDMPCPolicy
+from lerobot.policies.tdmpc import planner as planner_module
 from lerobot.policies.tdmpc.modeling import NEXT_TERMINATED
 
 # PushT-like bounds: pixels 0..512, so unnormalisation is visible (not symmetric around 0).
@@ -133,6 +135,138 @@ def test_per_env_reset_and_subset_refill():
     for t in range(3):
         torch.testing.assert_close(actions[t][0], ref0[t][0], rtol=1e-4, atol=1e-3)
         torch.testing.assert_close(actions[t][1], ref1[t][0], rtol=1e-4, atol=1e-3)
+
+
+@pytest.fixture
+def one_thread():
+    """Torch on one thread (the planner then evaluates candidates in blocks), restored afterwards."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def reference_plan(policy: TDMPCPolicy, z: torch.Tensor, gen: torch.Generator, prev: torch.Tensor | None):
+    """MPPI for one env, written out plainly with the model's own modules: z (L,) -> (plan (H, A), mean (H, A)).
+
+    The planner's documented noise order from this env's generator: Gaussian numbers for every iteration's
+    samples, then the policy trajectories, then the exploration noise; then the elite draw's uniforms.
+    `prev` is the env's last mean plan (None after a reset).
+    """
+    cfg, model = policy.config, policy.model
+    n_s, n_pi, n_el, horizon, a_dim = (
+        cfg.num_samples,
+        cfg.num_pi_trajs,
+        cfg.num_elites,
+        cfg.planning_horizon,
+        policy.action_dim,
+    )
+    gauss = torch.randn((cfg.iterations * n_s + n_pi + 1) * horizon * a_dim, generator=gen)
+    unif = torch.rand(n_el, generator=gen)
+    eps = gauss[: cfg.iterations * n_s * horizon * a_dim].view(cfg.iterations, n_s, horizon, a_dim)
+    eps_pi = gauss[eps.numel() : eps.numel() + n_pi * horizon * a_dim].view(n_pi, horizon, a_dim)
+
+    pi_actions = torch.zeros(n_pi, horizon, a_dim)
+    zp = z.expand(n_pi, -1)
+    for t in range(horizon):
+        pi_actions[:, t] = (model.pi(zp) + cfg.min_std * eps_pi[:, t]).clamp(-1, 1)
+        zp = model.next(zp, pi_actions[:, t])
+
+    mean = torch.zeros(horizon, a_dim)
+    if prev is not None:
+        mean[:-1] = prev[1:]
+    std = torch.full_like(mean, cfg.max_std)
+    for i in range(cfg.iterations):
+        actions = torch.cat([(mean + std * eps[i]).clamp(-1, 1), pi_actions])  # (N, H, A)
+        zs, value, discount = z.expand(len(actions), -1), torch.zeros(len(actions)), 1.0
+        for t in range(horizon):
+            value = value + discount * model.reward(zs, actions[:, t])
+            zs = model.next(zs, actions[:, t])
+            discount *= cfg.discount
+        value = value + discount * model.q(zs, model.pi(zs)).mean(dim=0)
+        elite_value, elite_idx = value.topk(n_el)
+        elites = actions[elite_idx]  # (K, H, A)
+        score = torch.softmax(cfg.temperature * elite_value, dim=0)
+        new_mean = einsum(score[None], elites[None], "b k, b k h a -> b h a")[0]
+        var = einsum(score[None], (elites - new_mean) ** 2, "b k, k h a -> b h a")[0]
+        std = var.sqrt().clamp(cfg.min_std, cfg.max_std)
+        mean = cfg.momentum * mean + (1 - cfg.momentum) * new_mean
+    gumbel = -torch.log(-torch.log(unif.clamp(1e-20, 1 - 1e-7)))
+    choice = (score.clamp_min(1e-30).log() + gumbel).argmax()
+    return elites[choice], mean
+
+
+# 60 samples + 4 policy trajectories: 64 candidate rows per env, so one env alone and several together run
+# the same kernels on the same row layout and the comparisons below can be exact.
+ROWS64 = dict(num_samples=60, num_pi_trajs=4, num_elites=8)
+
+
+def test_planner_matches_a_per_env_reference(one_thread):
+    """Batched planning of 3 envs (own seeds, warm starts, env 1 reset at call 2) == one env at a time."""
+    seeds = [21, 22, 23]
+    policy = make_policy(**ROWS64)
+    policy.set_noise_seed(seeds)
+    gens = [torch.Generator().manual_seed(s) for s in seeds]
+    prev: list[torch.Tensor | None] = [None] * 3
+    for call in range(4):
+        if call == 2:
+            policy.reset([1])
+            prev[1] = None
+        obs = observations(3, seed=call)
+        batched = policy.select_action(obs)
+        with torch.no_grad():
+            z = policy.model.encode(policy.encode_observation(obs))
+            for b in range(3):
+                plan, prev[b] = reference_plan(policy, z[b], gens[b], prev[b])
+                expected = policy.normalizer.unnormalize(ACTION, plan[0])
+                torch.testing.assert_close(batched[b], expected, rtol=0, atol=0)
+
+
+def test_batch_composition_does_not_change_an_env(one_thread):
+    """An env's actions do not depend on which other envs share its planning calls, nor on its slot."""
+    obs_seq = [observations(4, seed=s) for s in range(3)]
+    four = make_policy(**ROWS64)
+    four.set_noise_seed([31, 32, 33, 34])
+    two = make_policy(**ROWS64)
+    two.set_noise_seed([33, 31])  # env of seed 33 in slot 0, env of seed 31 in slot 1
+    for obs in obs_seq:
+        a4 = four.select_action(obs)
+        a2 = two.select_action({k: v[[2, 0]] for k, v in obs.items()})
+        torch.testing.assert_close(a2, a4[[2, 0]], rtol=0, atol=0)
+
+
+def test_blocked_values_are_bit_identical(one_thread, monkeypatch):
+    """Candidate values computed in blocks == all rows at once == the model's modules on the whole batch."""
+    policy = make_policy()
+    model, planner = policy.model, policy.planner
+    g = torch.Generator().manual_seed(3)
+    n_rows, horizon = 300, policy.config.planning_horizon
+    z = model.encode(torch.rand(n_rows, policy.obs_dim, generator=g) * 2 - 1)
+    actions = torch.rand(n_rows, horizon, policy.action_dim, generator=g) * 2 - 1
+    with torch.no_grad():
+        monkeypatch.setattr(planner_module, "ROWS_PER_BLOCK", 64)
+        assert len(planner_module.block_bounds(n_rows, 64)) == 4
+        blocked = planner.estimate_value(model, z, actions)
+        monkeypatch.setattr(planner_module, "ROWS_PER_BLOCK", 10**9)
+        whole = planner.estimate_value(model, z, actions)
+        zs, expected, discount = z, torch.zeros(n_rows), 1.0
+        for t in range(horizon):
+            expected = expected + discount * model.reward(zs, actions[:, t])
+            zs = model.next(zs, actions[:, t])
+            discount *= policy.config.discount
+        expected = expected + discount * model.q(zs, model.pi(zs)).mean(dim=0)
+    torch.testing.assert_close(blocked, whole, rtol=0, atol=0)
+    torch.testing.assert_close(whole, expected, rtol=0, atol=0)
+
+
+def test_block_bounds_cover_the_rows_in_aligned_blocks():
+    for n_rows in (1, 36, 64, 136, 544, 1000, 6800, 13600):
+        bounds = planner_module.block_bounds(n_rows, 512)
+        sizes = [stop - start for start, stop in bounds]
+        assert bounds[0][0] == 0 and bounds[-1][1] == n_rows
+        assert all(a[1] == b[0] for a, b in zip(bounds[:-1], bounds[1:]))
+        assert all(size % planner_module.ROW_ALIGN == 0 for size in sizes[:-1])
+        assert len(sizes) == 1 or sizes[-1] >= planner_module.MIN_BLOCK_ROWS
 
 
 def training_batch(batch_size: int = 8, horizon: int = 3, seed: int = 0) -> dict[str, torch.Tensor]:

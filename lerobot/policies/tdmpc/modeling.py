@@ -42,7 +42,11 @@ class TDMPCPolicy(OnlinePolicy):
     """
 
     def __init__(self, config: TDMPCConfig, dataset_stats: dict | None = None):
-        super().__init__(n_obs_steps=config.n_obs_steps, n_action_steps=config.n_action_steps)
+        super().__init__(
+            n_obs_steps=config.n_obs_steps,
+            n_action_steps=config.n_action_steps,
+            temporal_ensemble_coeff=config.temporal_ensemble_coeff,
+        )
         config.validate()
         self.config = config
         self.obs_keys = sorted(config.input_features)

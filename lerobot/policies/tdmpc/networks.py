@@ -44,6 +44,25 @@ def mlp(in_dim: int, hidden_dims: list[int], out_dim: int, out_act: nn.Module | 
     return nn.Sequential(*layers)
 
 
+def mlp_inference(net: nn.Sequential, x: Tensor) -> Tensor:
+    """`net(x)` for an `mlp` network, for acting under `torch.no_grad()`: (..., in_dim) -> (..., out_dim).
+
+    The same ATen ops on the same numbers as `net(x)` (bit-identical results), with each ELU applied in place
+    on the LayerNorm output: a hidden layer allocates two tensors instead of three. Not for training: the
+    in-place ELU would overwrite what autograd saves.
+    """
+    for layer in net:
+        if isinstance(layer, nn.Linear):
+            x = F.linear(x, layer.weight, layer.bias)
+        elif isinstance(layer, nn.LayerNorm):
+            x = F.layer_norm(x, layer.normalized_shape, layer.weight, layer.bias, layer.eps)
+        elif isinstance(layer, nn.ELU):
+            x = F.elu(x, layer.alpha, inplace=True)
+        else:
+            x = layer(x)
+    return x
+
+
 class QEnsemble(nn.Module):
     """`n` Q-functions Q_k(z, a) evaluated in one batched matmul per layer instead of a Python loop.
 
@@ -90,6 +109,22 @@ class QEnsemble(nn.Module):
                 h = F.layer_norm(h, h.shape[-1:]) * g.unsqueeze(1) + beta.unsqueeze(1)
                 h = F.elu(h)
         return h.reshape(self.n, *batch_shape)
+
+    def forward_inference(self, x: Tensor) -> Tensor:
+        """`forward(x)` for rows x (N, in_dim) -> (n, N), for acting under `torch.no_grad()`.
+
+        The same ops as `forward` (bit-identical results), with the LayerNorm affine and the ELU applied in
+        place: a hidden layer allocates two (n, N, d) tensors (matmul, LayerNorm) instead of five.
+        """
+        h = x.unsqueeze(0).expand(self.n, -1, -1)  # (n, N, in_dim)
+        n_layers = len(self.weights)
+        for i in range(n_layers):
+            h = torch.baddbmm(self.biases[i].unsqueeze(1), h, self.weights[i])  # (n, N, d_out)
+            if i < n_layers - 1:
+                h = F.layer_norm(h, h.shape[-1:])
+                h.mul_(self.ln_weights[i].unsqueeze(1)).add_(self.ln_biases[i].unsqueeze(1))
+                F.elu(h, inplace=True)
+        return h.squeeze(-1)
 
 
 class BoundsNormalizer(nn.Module):

@@ -7,11 +7,24 @@ Noise and batch independence: every env slot b owns a `torch.Generator` (seeded 
 numbers a planning call needs for that env (sampling noise of every iteration, policy-trajectory noise,
 the elite draw and the exploration noise) are drawn from that generator alone, in a fixed order. So the plan
 env b gets depends only on its own observation, its own previous plan and its own seed: planning B envs
-together gives each env what planning it alone with the same seed would (up to float rounding of batched
-matmuls). Drawing the noise is the only per-env loop (B small `randn` calls per planning call).
+together gives each env what planning it alone with the same seed would. Bit for bit when N = num_samples +
+num_pi_trajs is a multiple of `ROW_ALIGN` and at least `MIN_BLOCK_ROWS` (tested); otherwise up to float
+rounding, since a row's place in the batch can decide whether a kernel treats it in its vectorised part or
+its scalar tail. Drawing the noise is the only per-env loop (B small `randn` calls per planning call).
 
 Warm start: each slot keeps its last mean action sequence; the next call starts from it shifted by one
 step (as TD-MPC). `reset(env_ids)` forgets it for envs that start a new episode.
+
+Speed (CPU): on one thread the value rollout of the B x N candidate sequences runs in blocks of about
+`ROWS_PER_BLOCK` rows, so that each block's activations (rows x mlp_dim floats, n_q times that in the Q
+ensemble) stay in cache instead of streaming tens of MB through memory; on several threads it runs as one
+block (every op is then a parallel region, and many small ones cost more in thread wake-ups than the cache
+saves), and on a GPU too (more, smaller kernels would only add launches). The hidden ELUs and the Q ensemble's LayerNorm affine run in place, and the reward head and the
+dynamics read one [z_t, a_t] buffer. Every row goes through the same ops as in one big batch, and block
+sizes are multiples of `ROW_ALIGN` rows, so the kernels see the same element layout: the values, hence the
+plans, are bit-identical to evaluating all rows at once (tests/test_tdmpc.py, benchmarks/bench_tdmpc_eval.py).
+The cost left is arithmetic: with the CPU recipe's sizes, 1.40M multiply-adds per candidate sequence (5
+steps of the reward and dynamics MLPs, then pi and the Q ensemble) and 8k ELUs (expm1); see docs/tdmpc.md.
 """
 
 from __future__ import annotations
@@ -23,7 +36,19 @@ import torch
 from einops import einsum, rearrange
 from torch import Tensor
 
-from lerobot.policies.tdmpc.networks import WorldModel
+from lerobot.policies.tdmpc.networks import WorldModel, mlp_inference
+
+# Candidate rows (env x sequence) per block of the value rollout on one thread: with mlp_dim 256 a block's
+# hidden activation is 512 KB and the Q ensemble's (n_q=5) 2.6 MB. Measured on a 2-core Xeon, CPU recipe,
+# 50 envs (benchmarks/bench_tdmpc_eval.py --sweep): 512 to 1536 rows about equal, one block of all 6800
+# rows 15-20% slower, 256 rows 5-10% slower.
+ROWS_PER_BLOCK = 512
+# Block sizes are multiples of this many rows: every vectorised elementwise op and reduction then has its
+# full-vector / scalar-tail split at the same rows as over all rows at once (AVX-512 kernels step 32 floats).
+ROW_ALIGN = 32
+# Blocks are at least this many rows: matmul kernels round a row's dot products the same way for any row
+# count from here on (very short matrices take other code paths).
+MIN_BLOCK_ROWS = 64
 
 
 @dataclass
@@ -159,11 +184,11 @@ class MPPIPlanner:
         mean = torch.where(has_prev.view(-1, 1, 1), shifted, mean)
         std = torch.full_like(mean, s.max_std)
 
-        z_all = z.unsqueeze(1).expand(batch_size, n_s + n_pi, z.shape[-1])
+        z_rows = z.repeat_interleave(n_s + n_pi, dim=0)  # (B * N, L): row b * N + n is env b's latent
         for i in range(s.iterations):
             sampled = (mean.unsqueeze(1) + std.unsqueeze(1) * eps_samples[:, i]).clamp(-1, 1)
             actions = torch.cat([sampled, pi_actions], dim=1)  # (B, N, H, A)
-            value = self.estimate_value(model, z_all, actions)  # (B, N)
+            value = self.estimate_value(model, z_rows, actions.flatten(0, 1)).view(batch_size, -1)  # (B, N)
             elite_value, elite_idx = value.topk(n_el, dim=1)  # (B, K)
             elite_actions = actions.gather(
                 1, elite_idx.view(batch_size, n_el, 1, 1).expand(-1, -1, horizon, a_dim)
@@ -190,14 +215,46 @@ class MPPIPlanner:
     def estimate_value(self, model: WorldModel, z: Tensor, actions: Tensor) -> Tensor:
         """Discounted predicted rewards over the horizon plus the discounted terminal Q (ensemble mean).
 
-        z: (B, N, L), actions: (B, N, H, A) -> (B, N). The ensemble mean (not a random subset) keeps the
-        planner deterministic given its noise.
+        z: (R, L) start latents, actions: (R, H, A) -> (R,), one row per candidate sequence. The ensemble
+        mean (not a random subset) keeps the planner deterministic given its noise. Rows are independent;
+        they are evaluated in blocks (see `block_bounds`) to keep the activations in cache.
         """
-        value = torch.zeros(actions.shape[:2], device=z.device)
+        n_rows = actions.shape[0]
+        blocked = z.device.type == "cpu" and torch.get_num_threads() == 1
+        rows_per_block = ROWS_PER_BLOCK if blocked else n_rows
+        values = torch.empty(n_rows, device=z.device)
+        for start, stop in block_bounds(n_rows, rows_per_block):
+            values[start:stop] = self._block_value(model, z[start:stop], actions[start:stop])
+        return values
+
+    def _block_value(self, model: WorldModel, z: Tensor, actions: Tensor) -> Tensor:
+        """`estimate_value` of one block of rows: z (r, L), actions (r, H, A) -> (r,).
+
+        The same ops as `WorldModel.reward/next/pi/q` (bit-identical), with one (r, L + A) input buffer
+        holding [z_t, a_t] for both the reward head and the dynamics instead of two concatenations.
+        """
+        latent_dim = z.shape[1]
+        za = torch.empty(z.shape[0], latent_dim + actions.shape[2], device=z.device)  # [z_t, a_t]
+        za[:, :latent_dim] = z
+        value = torch.zeros(z.shape[0], device=z.device)
         discount = 1.0
-        for t in range(actions.shape[2]):
-            a = actions[:, :, t]
-            value = value + discount * model.reward(z, a)
-            z = model.next(z, a)
+        for t in range(actions.shape[1]):
+            za[:, latent_dim:] = actions[:, t]
+            value += discount * mlp_inference(model.reward_head, za).squeeze(-1)
+            z = mlp_inference(model.dynamics, za)  # (r, L)
+            za[:, :latent_dim] = z
             discount *= self.s.discount
-        return value + discount * model.q(z, model.pi(z)).mean(dim=0)
+        za[:, latent_dim:] = mlp_inference(model.pi_head, z)
+        return value + discount * model.q_ensemble.forward_inference(za).mean(dim=0)
+
+
+def block_bounds(n_rows: int, rows_per_block: int) -> list[tuple[int, int]]:
+    """(start, stop) of the row blocks `estimate_value` evaluates: about `rows_per_block` rows each, sizes
+    multiples of `ROW_ALIGN` but the last, none shorter than `MIN_BLOCK_ROWS` (one block if n_rows is small)."""
+    n_blocks = max(1, round(n_rows / rows_per_block))
+    size = -(-n_rows // n_blocks)  # ceil
+    size = -(-size // ROW_ALIGN) * ROW_ALIGN
+    starts = list(range(0, n_rows, size))
+    if len(starts) > 1 and n_rows - starts[-1] < MIN_BLOCK_ROWS:
+        starts.pop()  # a short last block joins the one before it
+    return list(zip(starts, [*starts[1:], n_rows]))
