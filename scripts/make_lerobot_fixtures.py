@@ -1,7 +1,9 @@
-"""Generate LeRobot Diffusion Policy checkpoints and reference outputs with LeRobot itself.
+"""Generate LeRobot checkpoints, datasets and reference outputs with LeRobot itself.
 
 Runs in a separate environment that has LeRobot 0.6.x installed (Python >= 3.12), NOT in this project's
-environment; it imports nothing from this project. It writes, under `--out`:
+environment; it imports nothing from this project. Three families of `--kind`:
+
+Diffusion Policy (`keypoints`, `image`, `image_keypoints`) writes, under `--out`:
 
 - `pretrained_model/`: what LeRobot's training saves for a policy (`config.json`, `model.safetensors`,
   `policy_preprocessor.json`, `policy_postprocessor.json` and their normalizer state files).
@@ -12,11 +14,31 @@ environment; it imports nothing from this project. It writes, under `--out`:
   draws from the generator at every step). The metadata holds the seed, the scheduler and the LeRobot /
   torch versions.
 
-The weights are LeRobot's initialization plus a small random perturbation, so that normalization layers
-(initialized to 1 and 0) do not hide a wrong mapping.
+ACT (`act_keypoints`: state + 16-d environment state; `act_image`: a 96x96 camera + state) writes the same
+`pretrained_model/` (a small transformer: dim_model 32, 2 encoder layers, 1 decoder layer, 1 VAE encoder
+layer, chunks of 10 actions, all executed) and a `reference.safetensors` holding, for raw observations
+`raw.<key>` `(B, ...)`, LeRobot's unnormalized chunk `action_chunk` `(B, chunk_size, A)` (from
+`predict_action_chunk`); and, for a sequence of raw observations `steps.<key>` `(T, B, ...)` fed one step at
+a time through LeRobot's preprocessor, `select_action` and postprocessor, the executed actions
+`steps.actions` `(T, B, A)` with plain chunking and `steps.actions_ensembled` with
+`temporal_ensemble_coeff=0.01, n_action_steps=1` (the same weights). The image model's statistics are
+ImageNet's, as LeRobot's training puts them in place of the dataset's by default (`use_imagenet_stats`).
+`--set FIELD=JSON` changes another ACT config value (e.g. `--set pre_norm=true`, `--set use_vae=false`).
+
+The weights are LeRobot's initialization plus a small random perturbation (frozen BatchNorm buffers
+included), so that normalization layers (initialized to 1 and 0) do not hide a wrong mapping.
+
+A LeRobotDataset with images in its parquet files (`dataset_images`): `dataset/` is what
+`LeRobotDataset.create(..., use_videos=False)` records for 3 short episodes of a 3x16x16 camera, a 2-d
+state and a 2-d action (PNG bytes in the parquet rows), and `reference.safetensors` is what LeRobot's own
+`LeRobotDataset` returns for every frame (`observation.image` float32 `(N, 3, 16, 16)` in [0, 1], the
+vectors, `episode_index`, `frame_index`).
 
     python scripts/make_lerobot_fixtures.py --kind keypoints --out tests/fixtures/lerobot_diffusion_keypoints
     python scripts/make_lerobot_fixtures.py --kind image --out tests/fixtures/lerobot_diffusion_image --names-only
+    python scripts/make_lerobot_fixtures.py --kind act_keypoints --out tests/fixtures/lerobot_act_keypoints
+    python scripts/make_lerobot_fixtures.py --kind act_image --out tests/fixtures/lerobot_act_image --names-only
+    python scripts/make_lerobot_fixtures.py --kind dataset_images --out tests/fixtures/lerobot_dataset_images
 
 `--names-only` keeps, instead of the weights (a ResNet-18 is ~45 MB) and the reference outputs,
 `model_names.json`: every weight name of LeRobot's `model.safetensors` with its shape.
@@ -29,8 +51,10 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
+from torchvision.ops.misc import FrozenBatchNorm2d
 
 # LeRobot's package has this project's top-level name: make sure the installed one is imported.
 import lerobot
@@ -41,8 +65,11 @@ if Path(lerobot.__file__).resolve().parents[1] == Path(__file__).resolve().paren
     )
 
 from lerobot.configs.types import FeatureType, NormalizationMode, PolicyFeature  # noqa: E402
+from lerobot.policies.act.configuration_act import ACTConfig  # noqa: E402
+from lerobot.policies.act.modeling_act import ACTPolicy  # noqa: E402
 from lerobot.policies.diffusion.configuration_diffusion import DiffusionConfig  # noqa: E402
 from lerobot.policies.diffusion.modeling_diffusion import DiffusionPolicy  # noqa: E402
+from lerobot.utils.constants import IMAGENET_STATS  # noqa: E402
 
 from lerobot.policies.factory import make_pre_post_processors  # noqa: E402
 
@@ -136,15 +163,7 @@ def _observations(kind: str, generator: torch.Generator) -> dict[str, torch.Tens
     return batch
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kind", choices=("keypoints", "image", "image_keypoints"), required=True)
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--seed", type=int, default=1234)
-    parser.add_argument("--scheduler", choices=("DDIM", "DDPM"), default="DDIM")
-    parser.add_argument("--names-only", action="store_true", help="keep weight names and shapes, not weights")
-    args = parser.parse_args()
-
+def _diffusion(args: argparse.Namespace) -> None:
     torch.manual_seed(args.seed)
     data_gen = torch.Generator().manual_seed(args.seed + 1)
     config = _config(args.kind, args.scheduler)
@@ -198,6 +217,13 @@ def main() -> None:
         "kind": args.kind,
         "scheduler": args.scheduler,
     }
+    _write_outputs(args, model_dir, tensors, metadata)
+
+
+def _write_outputs(
+    args: argparse.Namespace, model_dir: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]
+) -> None:
+    """`reference.safetensors`, or with `--names-only` `model_names.json` in place of it and of the weights."""
     if args.names_only:
         names = {k: list(v.shape) for k, v in load_file(model_dir / "model.safetensors").items()}
         (args.out / "model_names.json").write_text(
@@ -208,6 +234,234 @@ def main() -> None:
         save_file(
             {k: v.contiguous() for k, v in tensors.items()}, args.out / "reference.safetensors", metadata
         )
+
+
+# ------------------------------------------------------------------------------------------------ ACT
+ACT_BATCH = 3
+ACT_CHUNK = 10
+ACT_STEPS = 15
+ENSEMBLE_COEFF = 0.01
+
+
+def _act_features(kind: str) -> tuple[dict[str, PolicyFeature], dict[str, tuple[float, float]]]:
+    """Input features of an ACT kind and a (low, high) range per feature for the statistics and the batch."""
+    inputs = {"observation.state": PolicyFeature(type=FeatureType.STATE, shape=(2,))}
+    ranges = {"observation.state": (10.0, 500.0)}
+    if kind == "act_image":
+        inputs["observation.image"] = PolicyFeature(type=FeatureType.VISUAL, shape=(3, 96, 96))
+        ranges["observation.image"] = (0.0, 1.0)
+    else:
+        inputs["observation.environment_state"] = PolicyFeature(type=FeatureType.ENV, shape=(16,))
+        ranges["observation.environment_state"] = (30.0, 480.0)
+    return inputs, ranges
+
+
+def _act_config(kind: str, **overrides) -> ACTConfig:
+    """A small ACT with LeRobot's defaults otherwise (its normalization mapping leaves ENV unnormalized)."""
+    inputs, _ = _act_features(kind)
+    settings = dict(
+        input_features=inputs,
+        output_features={"action": PolicyFeature(type=FeatureType.ACTION, shape=(2,))},
+        device="cpu",
+        push_to_hub=False,
+        chunk_size=ACT_CHUNK,
+        n_action_steps=ACT_CHUNK,
+        dim_model=32,
+        n_heads=4,
+        dim_feedforward=64,
+        n_encoder_layers=2,
+        n_decoder_layers=1,
+        n_vae_encoder_layers=1,
+        latent_dim=8,
+        pretrained_backbone_weights=None,
+    )
+    settings.update(overrides)
+    return ACTConfig(**settings)
+
+
+def _act_stats(kind: str, generator: torch.Generator) -> dict[str, dict[str, torch.Tensor]]:
+    inputs, ranges = _act_features(kind)
+    stats = {}
+    for key, feature in inputs.items():
+        if feature.type == FeatureType.VISUAL:
+            # What LeRobot's training puts in place of the dataset's image statistics by default.
+            stats[key] = {name: torch.tensor(value) for name, value in IMAGENET_STATS.items()}
+            stats[key].update(min=torch.zeros(3, 1, 1), max=torch.ones(3, 1, 1))
+            continue
+        low, high = ranges[key]
+        lo = low + 20 * torch.rand(feature.shape, generator=generator)
+        hi = high - 20 * torch.rand(feature.shape, generator=generator)
+        stats[key] = {"min": lo, "max": hi, "mean": (lo + hi) / 2, "std": (hi - lo) / 4}
+    lo = 15 + 10 * torch.rand(2, generator=generator)
+    hi = 490 - 10 * torch.rand(2, generator=generator)
+    stats["action"] = {"min": lo, "max": hi, "mean": (lo + hi) / 2, "std": (hi - lo) / 4}
+    return stats
+
+
+def _act_observations(
+    kind: str, leading: tuple[int, ...], generator: torch.Generator
+) -> dict[str, torch.Tensor]:
+    """Raw observations `(*leading, ...)` inside the statistics' ranges."""
+    inputs, ranges = _act_features(kind)
+    batch = {}
+    for key, feature in inputs.items():
+        low, high = ranges[key]
+        batch[key] = low + (high - low) * torch.rand((*leading, *feature.shape), generator=generator)
+    return batch
+
+
+def _perturb(policy: torch.nn.Module, generator: torch.Generator) -> None:
+    """Add small noise to every parameter and to the frozen BatchNorm buffers (the variance multiplied, so it
+    stays positive); the VAE encoder's fixed sinusoidal positions stay LeRobot's."""
+    with torch.no_grad():
+        for param in policy.parameters():
+            param.add_(0.05 * torch.randn(param.shape, generator=generator))
+        for module in policy.modules():
+            if isinstance(module, FrozenBatchNorm2d):
+                for buffer in (module.weight, module.bias, module.running_mean):
+                    buffer.add_(0.05 * torch.randn(buffer.shape, generator=generator))
+                module.running_var.mul_(
+                    torch.exp(0.05 * torch.randn(module.running_var.shape, generator=generator))
+                )
+
+
+def _executed_actions(policy, preprocessor, postprocessor, steps: dict[str, torch.Tensor]) -> torch.Tensor:
+    """`(T, B, A)`: what LeRobot's evaluation loop executes for the observation sequence `steps` (T, B, ...)."""
+    policy.reset()
+    actions = []
+    n_steps = next(iter(steps.values())).shape[0]
+    with torch.no_grad():
+        for t in range(n_steps):
+            batch = preprocessor({key: value[t] for key, value in steps.items()})
+            actions.append(postprocessor(policy.select_action(batch)))
+    return torch.stack(actions)
+
+
+def _parse_setting(text: str) -> tuple[str, object]:
+    """`FIELD=VALUE` of `--set`, the value read as JSON (`pre_norm=true`, `use_vae=false`)."""
+    field, _, value = text.partition("=")
+    return field, json.loads(value)
+
+
+def _act(args: argparse.Namespace) -> None:
+    torch.manual_seed(args.seed)
+    data_gen = torch.Generator().manual_seed(args.seed + 1)
+    settings = dict(_parse_setting(text) for text in args.set)
+    config = _act_config(args.kind, **settings)
+    policy = ACTPolicy(config)
+    _perturb(policy, data_gen)
+    policy.eval()
+    stats = _act_stats(args.kind, data_gen)
+    preprocessor, postprocessor = make_pre_post_processors(config, dataset_stats=stats)
+
+    model_dir = args.out / "pretrained_model"
+    if args.out.exists():
+        shutil.rmtree(args.out)
+    model_dir.mkdir(parents=True)
+    policy.save_pretrained(model_dir)
+    preprocessor.save_pretrained(model_dir)
+    postprocessor.save_pretrained(model_dir)
+
+    raw = _act_observations(args.kind, (ACT_BATCH,), data_gen)
+    with torch.no_grad():
+        chunk = postprocessor(policy.predict_action_chunk(preprocessor(dict(raw))))
+    steps = _act_observations(args.kind, (ACT_STEPS, ACT_BATCH), data_gen)
+    executed = _executed_actions(policy, preprocessor, postprocessor, steps)
+    ensembling = ACTPolicy(
+        _act_config(args.kind, **settings, temporal_ensemble_coeff=ENSEMBLE_COEFF, n_action_steps=1)
+    )
+    ensembling.load_state_dict(policy.state_dict())
+    ensembling.eval()
+    ensembled = _executed_actions(ensembling, preprocessor, postprocessor, steps)
+
+    tensors = {f"raw.{k}": v for k, v in raw.items()}
+    tensors.update({f"steps.{k}": v for k, v in steps.items()})
+    tensors.update({"action_chunk": chunk, "steps.actions": executed, "steps.actions_ensembled": ensembled})
+    metadata = {
+        "seed": str(args.seed),
+        "lerobot_version": lerobot.__version__,
+        "torch_version": torch.__version__,
+        "kind": args.kind,
+        "temporal_ensemble_coeff": str(ENSEMBLE_COEFF),
+        "settings": json.dumps(settings),
+    }
+    _write_outputs(args, model_dir, tensors, metadata)
+
+
+# ------------------------------------------------------------------------------------------------ dataset
+DATASET_LENGTHS = (4, 6, 5)
+DATASET_FPS = 10
+IMAGE_SIZE = 16
+
+
+def _dataset_images(args: argparse.Namespace) -> None:
+    """A LeRobotDataset with PNG images in its parquet files, and what LeRobot's loader returns for it."""
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    features = {
+        "observation.image": {
+            "dtype": "image",
+            "shape": (IMAGE_SIZE, IMAGE_SIZE, 3),
+            "names": ["height", "width", "channels"],
+        },
+        "observation.state": {"dtype": "float32", "shape": (2,), "names": None},
+        "action": {"dtype": "float32", "shape": (2,), "names": None},
+    }
+    if args.out.exists():
+        shutil.rmtree(args.out)
+    args.out.mkdir(parents=True)
+    root = args.out / "dataset"
+    rng = np.random.default_rng(args.seed)
+    dataset = LeRobotDataset.create(
+        "test/images", fps=DATASET_FPS, features=features, root=root, use_videos=False
+    )
+    for length in DATASET_LENGTHS:
+        for _ in range(length):
+            dataset.add_frame(
+                {
+                    # Every value 0..255 occurs: a decoder that rescales or rounds would show.
+                    "observation.image": rng.integers(0, 256, (IMAGE_SIZE, IMAGE_SIZE, 3), dtype=np.uint8),
+                    "observation.state": rng.uniform(0, 512, 2).astype(np.float32),
+                    "action": rng.uniform(0, 512, 2).astype(np.float32),
+                    "task": "tiny",
+                }
+            )
+        dataset.save_episode()
+    dataset.finalize()
+    # The PNG files the recorder wrote are in the parquet files now; only their empty folders are left.
+    if not any(path.is_file() for path in (root / "images").rglob("*")):
+        shutil.rmtree(root / "images", ignore_errors=True)
+
+    loaded = LeRobotDataset("test/images", root=root)
+    items = [loaded[i] for i in range(len(loaded))]
+    keys = ["observation.image", "observation.state", "action", "episode_index", "frame_index"]
+    tensors = {key: torch.stack([item[key] for item in items]) for key in keys}
+    metadata = {"lerobot_version": lerobot.__version__, "kind": args.kind, "seed": str(args.seed)}
+    save_file({k: v.contiguous() for k, v in tensors.items()}, args.out / "reference.safetensors", metadata)
+
+
+KINDS = {
+    "keypoints": _diffusion,
+    "image": _diffusion,
+    "image_keypoints": _diffusion,
+    "act_keypoints": _act,
+    "act_image": _act,
+    "dataset_images": _dataset_images,
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kind", choices=tuple(KINDS), required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--scheduler", choices=("DDIM", "DDPM"), default="DDIM", help="diffusion only")
+    parser.add_argument("--names-only", action="store_true", help="keep weight names and shapes, not weights")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="FIELD=JSON", help="ACT only: another config value"
+    )
+    args = parser.parse_args()
+    KINDS[args.kind](args)
     print(f"wrote {args.out} (lerobot {lerobot.__version__}, torch {torch.__version__})")
 
 

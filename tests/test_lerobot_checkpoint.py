@@ -192,7 +192,7 @@ def _old_normalization_buffers(d: Path) -> None:
 @pytest.mark.parametrize(
     ("fixture", "mutate", "field"),
     [
-        (KEYPOINTS, lambda d: _edit_json(d / "config.json", type="act"), "type 'act'"),
+        (KEYPOINTS, lambda d: _edit_json(d / "config.json", type="vqbet"), "type 'vqbet'"),
         (
             IMAGE,
             lambda d: _edit_json(d / "config.json", vision_backbone="efficientnet_b0"),

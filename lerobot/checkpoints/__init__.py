@@ -4,7 +4,8 @@
   training state to resume from, checksums), written atomically and verified when read.
 - `hub`: this project's Hugging Face hub layout (`config.json` + `model.safetensors`); every run checkpoint is
   also such a directory.
-- `lerobot_diffusion`: LeRobot's Diffusion Policy `pretrained_model` directories, converted at load.
+- `lerobot_diffusion`, `lerobot_act`: LeRobot's Diffusion Policy and ACT `pretrained_model` directories,
+  converted at load (what they share: `lerobot_common`).
 
 A format of another project is one module with `read_spec(directory, config) -> PretrainedSpec` and
 `load_weights(spec, policy_cfg) -> Policy`, listed in `LEROBOT_FORMATS` under the policy `type` its
@@ -21,7 +22,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from lerobot.checkpoints import hub, lerobot_diffusion, run
+from lerobot.checkpoints import hub, lerobot_act, lerobot_diffusion, run
 from lerobot.checkpoints.hub import CONFIG_JSON, LEROBOT_MODEL_DIR, PretrainedSpec
 from lerobot.config import EnvConfig, env_config
 from lerobot.errors import ConfigError, PretrainedError
@@ -30,7 +31,10 @@ from lerobot.policies.factory import make_policy_config, validate_run_config
 from lerobot.policies.policy import Policy
 
 # LeRobot policy `type` -> the module that reads its `pretrained_model` directories.
-LEROBOT_FORMATS: dict[str, ModuleType] = {lerobot_diffusion.LEROBOT_TYPE: lerobot_diffusion}
+LEROBOT_FORMATS: dict[str, ModuleType] = {
+    lerobot_diffusion.LEROBOT_TYPE: lerobot_diffusion,
+    lerobot_act.LEROBOT_TYPE: lerobot_act,
+}
 
 
 @dataclass(frozen=True)

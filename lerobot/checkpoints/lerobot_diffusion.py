@@ -1,11 +1,8 @@
 """Load a LeRobot (0.4 - 0.6) Diffusion Policy `pretrained_model` directory into this project's `DiffusionPolicy`.
 
 LeRobot saves `config.json` (its `DiffusionConfig`), `model.safetensors` (its module names) and, since 0.4,
-the normalization statistics only in its processor pipelines: `policy_preprocessor.json` names a
-`normalizer_processor` step whose state file (`policy_preprocessor_step_<i>_normalizer_processor.safetensors`,
-`i` the step's index in the pipeline) holds flat `<feature>.<stat>` tensors, and `policy_postprocessor.json`
-an `unnormalizer_processor` for the actions. Both networks compute the same function once the names are
-mapped (see docs/lerobot_checkpoints.md for the table):
+the normalization statistics only in its processor pipelines (read by `lerobot_common`). Both networks
+compute the same function once the names are mapped (see docs/lerobot_checkpoints.md for the table):
 
 - U-Net: `diffusion.unet.{diffusion_step_encoder, down_modules, mid_modules, up_modules, final_conv}` ->
   `unet.{step_encoder, down, mid, up, final}`; inside the blocks `conv{1,2}.block.<i>` -> `conv{1,2}.<i>`,
@@ -30,23 +27,28 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
 
-from lerobot.checkpoints.hub import CONFIG_JSON, MODEL_FILE, PretrainedSpec, load_state_checked, read_json
+from lerobot.checkpoints.hub import CONFIG_JSON, MODEL_FILE, PretrainedSpec, load_state_checked
+from lerobot.checkpoints.lerobot_common import (
+    RUNTIME_FIELDS,
+    check_fields,
+    make_normalized_policy,
+    normalization_mapping,
+    read_features,
+    read_weights,
+    refuse,
+    with_own_normalization,
+)
 from lerobot.config import FeatureConfig
-from lerobot.constants import ACTION_KIND, ENV_STATE, STATE, VISUAL
+from lerobot.constants import VISUAL
 from lerobot.errors import PretrainedError
 from lerobot.policies.config import PolicyConfig
 from lerobot.policies.diffusion.modeling import DiffusionPolicy
-from lerobot.policies.factory import make_policy
-from lerobot.policies.normalize import IDENTITY, MEAN_STD, MIN_MAX, Unnormalize
 from lerobot.policies.policy import Policy
 
 LEROBOT_TYPE = "diffusion"
 SOURCE = "lerobot-0.6"
 
-_KINDS = {"STATE": STATE, "ENV": ENV_STATE, "VISUAL": VISUAL, "ACTION": ACTION_KIND}
-_MODES = {"MEAN_STD": MEAN_STD, "MIN_MAX": MIN_MAX, "IDENTITY": IDENTITY}
 # Fields with the same name and meaning in both configs.
 _COPIED = (
     "n_obs_steps",
@@ -91,24 +93,14 @@ _HANDLED = (
     "use_separate_rgb_encoder_per_camera",
     "use_peft",
 )
-# Runtime and training-only settings that do not change what the loaded model computes.
+# Training-only settings (besides LeRobot's runtime fields) that do not change what the loaded model computes.
 _IGNORED = (
-    "device",
-    "use_amp",
-    "push_to_hub",
-    "repo_id",
-    "private",
-    "tags",
-    "license",
-    "pretrained_path",
-    "pretrained_revision",
+    *RUNTIME_FIELDS,
     "drop_n_last_frames",
     "gradient_checkpointing",
     "compile_model",
     "compile_mode",
 )
-# Processor steps that do nothing this project's evaluation does not already do.
-_NEUTRAL_STEPS = {"to_batch_processor", "device_processor"}
 
 # LeRobot module names -> this project's, applied in order to every weight name.
 _RENAMES = (
@@ -129,39 +121,6 @@ _RENAMES = (
 )
 _POS_GRID = "rgb_encoder.pool.pos_grid"
 _FILM_WEIGHT = re.compile(r"\.film\.1\.weight$")
-_NORMALIZATION_PREFIXES = ("normalize_inputs.", "normalize_targets.", "unnormalize_outputs.")
-
-
-def _refuse(where: Path, field: str, value: Any, why: str) -> PretrainedError:
-    return PretrainedError(f"{where}: unsupported LeRobot setting {field}={value!r}: {why}")
-
-
-def _features(config: dict[str, Any], where: Path) -> dict[str, FeatureConfig]:
-    features = {}
-    for group in ("input_features", "output_features"):
-        for key, feature in (config.get(group) or {}).items():
-            kind = _KINDS.get(feature.get("type"))
-            if kind is None:
-                raise _refuse(
-                    where, f"{group}.{key}.type", feature.get("type"), f"expected one of {list(_KINDS)}"
-                )
-            features[key] = FeatureConfig(shape=list(feature["shape"]), kind=kind)
-    return features
-
-
-def _normalization(config: dict[str, Any], kinds: set[str], where: Path) -> dict[str, str]:
-    # Every kind is set: a kind LeRobot leaves out is not normalized (this project's default would be).
-    mapping = dict.fromkeys((VISUAL, STATE, ENV_STATE, ACTION_KIND), IDENTITY)
-    for lerobot_kind, mode in (config.get("normalization_mapping") or {}).items():
-        kind = _KINDS.get(lerobot_kind)
-        if kind is None or kind not in kinds:
-            continue  # a kind without features normalizes nothing
-        if mode not in _MODES:
-            raise _refuse(
-                where, f"normalization_mapping.{lerobot_kind}", mode, f"supported modes are {list(_MODES)}"
-            )
-        mapping[kind] = _MODES[mode]
-    return mapping
 
 
 def _check_images(config: dict[str, Any], features: dict[str, FeatureConfig], where: Path) -> None:
@@ -169,11 +128,11 @@ def _check_images(config: dict[str, Any], features: dict[str, FeatureConfig], wh
     if not images:
         return
     if not str(config.get("vision_backbone", "")).startswith("resnet"):
-        raise _refuse(where, "vision_backbone", config.get("vision_backbone"), "only torchvision ResNets map")
+        raise refuse(where, "vision_backbone", config.get("vision_backbone"), "only torchvision ResNets map")
     if config.get("resize_shape") is not None:
-        raise _refuse(where, "resize_shape", config["resize_shape"], "images are not resized here; use null")
+        raise refuse(where, "resize_shape", config["resize_shape"], "images are not resized here; use null")
     if config.get("use_separate_rgb_encoder_per_camera") and len(images) > 1:
-        raise _refuse(
+        raise refuse(
             where,
             "use_separate_rgb_encoder_per_camera",
             True,
@@ -185,7 +144,7 @@ def _check_images(config: dict[str, Any], features: dict[str, FeatureConfig], wh
         # torchvision's CenterCrop rounds the offset half to even; this project floors it.
         for size, cropped in ((height, crop[0]), (width, crop[1])):
             if round((size - cropped) / 2.0) != (size - cropped) // 2:
-                raise _refuse(where, "crop_shape", crop, "its center crop offset rounds differently here")
+                raise refuse(where, "crop_shape", crop, "its center crop offset rounds differently here")
 
 
 def convert_config(config: dict[str, Any], where: Path) -> tuple[dict[str, Any], dict[str, FeatureConfig]]:
@@ -193,90 +152,17 @@ def convert_config(config: dict[str, Any], where: Path) -> tuple[dict[str, Any],
 
     Raises `PretrainedError` naming the first field that cannot be mapped.
     """
-    known = set(_COPIED) | set(_HANDLED) | set(_IGNORED)
-    for field in config:
-        if field not in known:
-            raise _refuse(where, field, config[field], "unknown field (a newer LeRobot?); not mapped")
-    if config.get("use_peft"):
-        raise _refuse(where, "use_peft", True, "adapter (PEFT) weights are not merged here")
-    features = _features(config, where)
+    check_fields(config, (*_COPIED, *_HANDLED, *_IGNORED), _COPIED, where)
+    features = read_features(config, where)
     _check_images(config, features, where)
-    section: dict[str, Any] = {"name": "diffusion"}
-    for field in _COPIED:
-        # This project's defaults differ from LeRobot's (e.g. crop_shape): a missing field is not guessed.
-        if field not in config:
-            raise PretrainedError(f"{where}: LeRobot field {field!r} is missing")
-        section[field] = config[field]
+    section: dict[str, Any] = {"name": "diffusion", **{field: config[field] for field in _COPIED}}
     # LeRobot samples with the scheduler it trains with; the ResNet's weights come from the checkpoint.
     section["inference_scheduler"] = config["noise_scheduler_type"]
     section["pretrained_backbone_weights"] = None
-    section["normalization_mapping"] = _normalization(config, {f.kind for f in features.values()}, where)
+    section["normalization_mapping"] = normalization_mapping(
+        config, {f.kind for f in features.values()}, where
+    )
     return section, features
-
-
-# ------------------------------------------------------------------------------------------------ stats
-def _pipeline(directory: Path, name: str) -> tuple[dict[str, Any], Path]:
-    """The processor pipeline `name*.json` of `directory` and its path."""
-    found = sorted(directory.glob(f"{name}*.json"))
-    if len(found) != 1:
-        raise PretrainedError(
-            f"{directory} must hold one {name}*.json (LeRobot >= 0.4 keeps the normalization statistics in its "
-            f"processor files), found {[p.name for p in found]}"
-        )
-    return read_json(found[0]), found[0]
-
-
-def _pipeline_stats(
-    directory: Path, name: str, step_name: str
-) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """The config of the `step_name` step of processor `name` and its state tensors."""
-    pipeline, path = _pipeline(directory, name)
-    found = None
-    for step in pipeline.get("steps", []):
-        registry = step.get("registry_name")
-        if registry == step_name:
-            found = step
-        elif registry == "rename_observations_processor":
-            if step.get("config", {}).get("rename_map"):
-                raise _refuse(path, "rename_map", step["config"]["rename_map"], "keys are not renamed here")
-        elif registry not in _NEUTRAL_STEPS:
-            raise _refuse(path, "steps", registry, "this processor step has no counterpart here")
-    if found is None or "state_file" not in found:
-        raise PretrainedError(f"{path} has no {step_name} step with a state_file")
-    try:
-        state = load_file(directory / found["state_file"])
-    except Exception as e:  # missing or corrupt file
-        raise PretrainedError(f"cannot read {directory / found['state_file']} ({e})") from None
-    return found.get("config", {}), state
-
-
-def _group_stats(flat: dict[str, torch.Tensor], keys: list[str]) -> dict[str, dict[str, torch.Tensor]]:
-    """Flat `<feature>.<stat>` tensors -> `{feature: {stat: tensor}}` for the feature `keys`."""
-    grouped: dict[str, dict[str, torch.Tensor]] = {}
-    for name, value in flat.items():
-        for key in keys:
-            stat = name[len(key) + 1 :]
-            if name.startswith(key + ".") and "." not in stat:
-                grouped.setdefault(key, {})[stat] = value
-    return grouped
-
-
-def read_stats(
-    directory: Path, features: dict[str, FeatureConfig], mapping: dict[str, str]
-) -> tuple[dict[str, dict[str, torch.Tensor]], dict[str, dict[str, torch.Tensor]]]:
-    """`(preprocessor stats, postprocessor stats)` as `{feature: {stat: tensor}}`, from the processor files;
-    raises when the preprocessor normalizes a feature kind otherwise than `mapping` (from config.json)."""
-    pre_config, pre_flat = _pipeline_stats(directory, "policy_preprocessor", "normalizer_processor")
-    _, post_flat = _pipeline_stats(directory, "policy_postprocessor", "unnormalizer_processor")
-    lerobot_map = {_KINDS.get(k): _MODES.get(m, m) for k, m in (pre_config.get("norm_map") or {}).items()}
-    for kind in {f.kind for f in features.values()}:
-        if lerobot_map.get(kind, IDENTITY) != mapping[kind]:
-            raise PretrainedError(
-                f"{directory}: the preprocessor normalizes {kind} with {lerobot_map.get(kind, IDENTITY)!r} but "
-                f"config.json says {mapping[kind]!r}"
-            )
-    keys = list(features)
-    return _group_stats(pre_flat, keys), _group_stats(post_flat, keys)
 
 
 # ------------------------------------------------------------------------------------------------ weights
@@ -347,26 +233,9 @@ def load_weights(spec: PretrainedSpec, policy_cfg: PolicyConfig) -> Policy:
         raise PretrainedError(
             f"{directory} is a LeRobot diffusion checkpoint; policy {policy_cfg.name!r} cannot load it"
         )
-    features = {**policy_cfg.input_features, **policy_cfg.output_features}
-    pre_stats, post_stats = read_stats(directory, features, policy_cfg.normalization_mapping)
-    try:
-        policy = make_policy(policy_cfg, dataset_stats=pre_stats)
-        # The actions are unnormalized with the postprocessor's own statistics, as LeRobot does.
-        policy.unnormalize_outputs = Unnormalize(
-            policy_cfg.output_features, policy_cfg.normalization_mapping, post_stats
-        )
-    except (KeyError, ValueError) as e:
-        raise PretrainedError(f"{directory}: normalization statistics do not fit: {e}") from None
+    policy = make_normalized_policy(directory, policy_cfg)
     weights = directory / MODEL_FILE
-    try:
-        lerobot_state = load_file(weights)
-    except Exception as e:  # safetensors raises several types for missing or corrupt files
-        raise PretrainedError(f"cannot read {weights} ({e})") from None
-    if any(k.startswith(("normalize_inputs.", "unnormalize_outputs.")) for k in lerobot_state):
-        raise PretrainedError(
-            f"{weights} holds normalization buffers: a LeRobot checkpoint older than 0.4; convert it with "
-            "LeRobot's migrate_policy_normalization first"
-        )
+    lerobot_state = read_weights(weights)
     own = policy.state_dict()
     grid = policy.rgb_encoder.pool.grid if policy.image_keys else None
     state = convert_state_dict(lerobot_state, own, grid, weights)
@@ -375,6 +244,5 @@ def load_weights(spec: PretrainedSpec, policy_cfg: PolicyConfig) -> Policy:
         for name in [k for k in state if _FILM_WEIGHT.search(k)]:
             if state[name].shape[-1] == order.numel():  # a wrong width is reported by the load below
                 state[name] = state[name][:, order]
-    state.update({k: v for k, v in own.items() if k.startswith(_NORMALIZATION_PREFIXES)})
-    load_state_checked(policy, state, weights)
+    load_state_checked(policy, with_own_normalization(state, policy), weights)
     return policy

@@ -16,6 +16,11 @@ v2.1 (one parquet file and one mp4 per episode; frame of row r at `timestamp[r]`
     meta/info.json, meta/episodes.jsonl, meta/episodes_stats.jsonl, meta/tasks.jsonl
     data/chunk-XXX/episode_NNNNNN.parquet, videos/chunk-XXX/<key>/episode_NNNNNN.mp4
 
+Camera features are stored either as videos (`dtype: video`) or, as LeRobot records them with
+`use_videos=False`, as images in the parquet rows (`dtype: image`: a `{bytes, path}` struct per row holding
+a PNG, what Hugging Face `datasets` writes for its `Image` feature). Both decode to the same (3, H, W) uint8
+frames.
+
 Everything malformed is a `DatasetError` (or `DatasetNotFoundError`) of one line naming the file and the
 problem. Video frames are matched to the timestamps rows ask for within `TOLERANCE_S`, as LeRobot's
 loader does (`tolerance_s=1e-4`).
@@ -23,6 +28,7 @@ loader does (`tolerance_s=1e-4`).
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -102,6 +108,11 @@ class LeRobotSource:
         return [k for k, ft in self.features.items() if ft.get("dtype") == "video"]
 
     @property
+    def image_keys(self) -> list[str]:
+        """Camera features stored as images in the parquet rows."""
+        return [k for k, ft in self.features.items() if ft.get("dtype") == "image"]
+
+    @property
     def numeric_keys(self) -> list[str]:
         """Per-frame numeric features stored in the parquet files, bookkeeping columns excluded."""
         return [
@@ -116,18 +127,27 @@ class LeRobotSource:
         return sum(ep.length for ep in self.episodes)
 
     def frame_shape(self, key: str) -> tuple[int, int]:
-        """(height, width) of video feature `key`, from its `names` (height/width/channels) and `shape`."""
+        """(height, width) of camera feature `key` (video or image), from its `names` (height/width/channels)
+        and `shape`."""
+        return self._frame_dims(key)[:2]
+
+    def frame_channels(self, key: str) -> int:
+        """The number of channels of camera feature `key`, from its `names` and `shape`."""
+        return self._frame_dims(key)[2]
+
+    def _frame_dims(self, key: str) -> tuple[int, int, int]:
         ft = self.features[key]
         shape = [int(s) for s in ft["shape"]]
         names = [str(n).lower() for n in (ft.get("names") or [])]
         if len(shape) != 3:
             raise DatasetError(
-                f"{self.root / INFO_PATH}: video feature {key!r} has shape {shape}, expected 3 dims"
+                f"{self.root / INFO_PATH}: {ft.get('dtype')} feature {key!r} has shape {shape}, expected 3 dims"
             )
         if len(names) == 3 and "height" in names and "width" in names:
-            return shape[names.index("height")], shape[names.index("width")]
+            height, width = names.index("height"), names.index("width")
+            return shape[height], shape[width], shape[3 - height - width]
         # LeRobot writes (height, width, channels) unless the names say otherwise.
-        return shape[0], shape[1]
+        return shape[0], shape[1], shape[2]
 
 
 def _load_json(path: Path) -> Any:
@@ -235,12 +255,12 @@ def open_lerobot_dataset(root: Path | str) -> LeRobotSource:
     source = LeRobotSource(root, version, fps, features, episodes, stats)
     for key in source.video_keys:
         source.frame_shape(key)
-    unsupported = [k for k, ft in features.items() if ft.get("dtype") == "image"]
-    if unsupported:
-        raise DatasetError(
-            f"{info_path}: features {unsupported} store frames as images in parquet, which this reader does not "
-            "read; re-encode them as videos with LeRobot"
-        )
+    for key in source.image_keys:
+        if source.frame_channels(key) != 3:  # videos decode to RGB whatever they hold; images do not
+            raise DatasetError(
+                f"{info_path}: image feature {key!r} has {source.frame_channels(key)} channels (shape "
+                f"{features[key]['shape']}); only RGB images (3 channels) are read"
+            )
     return source
 
 
@@ -365,6 +385,60 @@ def iter_episode_tables(source: LeRobotSource, columns: list[str]) -> Iterator[t
     while next_index in pending:
         yield pending.pop(next_index)
         next_index += 1
+
+
+def decode_images_into(
+    table: pa.Table, key: str, out: np.ndarray, rows: np.ndarray, path: Path, episode: int
+) -> None:
+    """Decode the images of column `key` of one episode's rows `table` (from parquet file `path`) into
+    `out[rows]`.
+
+    Args:
+        table: the episode's rows, in frame order; column `key` holds LeRobot's image structs `{bytes, path}`
+            (PNG bytes).
+        key: the camera feature.
+        out: (N, 3, H, W) uint8 destination (an `np.memmap` works).
+        rows: (len(table),) destination index in `out` of each row.
+        path: the parquet file, and `episode` the episode's index: for the error messages.
+
+    The pixels are the decoded RGB values as they are (no conversion), as LeRobot's loader returns them
+    (scaled to [0, 1] there).
+
+    Raises:
+        DatasetError: the column is not an image struct, a row has no embedded bytes, or an image does not
+            decode, is not RGB or has another size than info.json says.
+    """
+    from PIL import Image, UnidentifiedImageError  # imported here: only importing a LeRobotDataset decodes
+
+    column = table.column(key).combine_chunks()
+    if not pa.types.is_struct(column.type) or column.type.get_field_index("bytes") < 0:
+        raise DatasetError(
+            f"{path}: column {key!r} is {column.type}, not an image struct {{bytes, path}} as info.json's "
+            "dtype 'image' says"
+        )
+    blobs = column.field("bytes")
+    height, width = out.shape[2:]
+    for frame, row in enumerate(rows):
+        where = f"{path}: episode {episode} frame {frame}: {key!r}"
+        blob = blobs[frame].as_py() if column[frame].is_valid else None
+        if blob is None:
+            stored = column[frame]["path"].as_py() if column[frame].is_valid else None
+            raise DatasetError(
+                f"{where} holds no image bytes (path {stored!r}); only images embedded in the parquet files "
+                "are read (LeRobot embeds them when it saves an episode)"
+            )
+        try:
+            with Image.open(io.BytesIO(blob)) as image:
+                image.load()
+                mode, size = image.mode, image.size
+                pixels = np.asarray(image) if mode == "RGB" and size == (width, height) else None
+        except (UnidentifiedImageError, OSError, ValueError) as e:
+            raise DatasetError(f"{where} does not decode as an image ({e})") from None
+        if pixels is None:
+            raise DatasetError(
+                f"{where} is a {size[1]}x{size[0]} {mode} image, info.json says {height}x{width} RGB"
+            )
+        out[row] = pixels.transpose(2, 0, 1)
 
 
 def decode_video_into(

@@ -15,10 +15,12 @@ Where the LeRobotDataset comes from (first match wins):
    the repo and the directory to put it in.
 
 Conversion, per episode: the parquet rows give the numeric features; the frame of each row is decoded from
-the mp4 at `from_timestamp + timestamp` (v2.1: `timestamp`) within LeRobot's `tolerance_s` = 1e-4 s. Row
-timestamps must be `frame_index / fps` within the same tolerance (the windows of `delta_timestamps` count
-frames). Statistics are computed from the imported data exactly as for the zarr (per-episode sums), and the
-dataset's own min/max (`stats.json`, or `episodes_stats.jsonl` for v2.1) must agree with the data.
+the mp4 at `from_timestamp + timestamp` (v2.1: `timestamp`) within LeRobot's `tolerance_s` = 1e-4 s, or,
+for a camera stored as images in the parquet files (`dtype: image`, LeRobot's `use_videos=False`), from
+the row's PNG bytes. Row timestamps must be `frame_index / fps` within the same tolerance (the windows of
+`delta_timestamps` count frames). Statistics are computed from the imported data exactly as for the zarr
+(per-episode sums; camera frames of either storage alike), and the dataset's own min/max (`stats.json`, or
+`episodes_stats.jsonl` for v2.1) must agree with the data.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ from lerobot.datasets.lerobot_format import (
     V30,
     LeRobotSource,
     column_to_numpy,
+    decode_images_into,
     decode_video_into,
     iter_episode_tables,
     open_lerobot_dataset,
@@ -194,15 +197,15 @@ def convert_lerobot_dataset(
 
 
 def converted_bytes(source: LeRobotSource) -> int:
-    """Bytes the import writes: uint8 frames of the video features plus 8 bytes per number per frame (a bound)."""
-    per_frame = sum(3 * int(np.prod(source.frame_shape(k))) for k in source.video_keys)
+    """Bytes the import writes: uint8 frames of the camera features plus 8 bytes per number per frame (a bound)."""
+    per_frame = sum(3 * int(np.prod(source.frame_shape(k))) for k in [*source.video_keys, *source.image_keys])
     per_frame += 8 * sum(max(1, int(np.prod(source.features[k]["shape"]))) for k in source.numeric_keys) + 24
     return source.num_frames * per_frame
 
 
 def _our_shape(source: LeRobotSource, key: str) -> tuple[int, ...]:
     """The per-frame shape in the project's format: images (3, H, W), scalars (), vectors (d,)."""
-    if key in source.video_keys:
+    if key in source.video_keys or key in source.image_keys:
         return (3, *source.frame_shape(key))
     shape = tuple(int(s) for s in source.features[key]["shape"])
     return () if shape == (1,) else shape
@@ -210,17 +213,21 @@ def _our_shape(source: LeRobotSource, key: str) -> tuple[int, ...]:
 
 def _write_converted(source: LeRobotSource, out: Path, fingerprint: str, name: str) -> None:
     """Write the numeric arrays, the decoded frames, the statistics and (last) `meta.json` into `out`."""
-    fps, numeric, videos = source.fps, source.numeric_keys, source.video_keys
+    fps, numeric, videos, images = source.fps, source.numeric_keys, source.video_keys, source.image_keys
     lengths = np.array([ep.length for ep in source.episodes], dtype=np.int64)
     ends = np.cumsum(lengths)
     starts = ends - lengths
     num_frames = int(ends[-1])
-    shapes = {k: _our_shape(source, k) for k in [*numeric, *videos]}
+    shapes = {k: _our_shape(source, k) for k in [*numeric, *videos, *images]}
 
     values: dict[str, list[np.ndarray]] = {k: [] for k in numeric}
     timestamps = np.empty(num_frames, dtype=np.float64)
     frame_index = np.empty(num_frames, dtype=np.int64)
-    for ep, table in iter_episode_tables(source, [*numeric, "timestamp", "frame_index"]):
+    # Cameras stored as images are decoded from the rows as they are read.
+    pixels_of = {
+        k: open_preallocated_memmap(feature_file(out, k), np.uint8, (num_frames, *shapes[k])) for k in images
+    }
+    for ep, table in iter_episode_tables(source, [*numeric, *images, "timestamp", "frame_index"]):
         lo, hi = int(starts[ep.index]), int(ends[ep.index])
         path = ep.data_path
         frames = column_to_numpy(table, "frame_index", (), path).astype(np.int64)
@@ -239,6 +246,8 @@ def _write_converted(source: LeRobotSource, out: Path, fingerprint: str, name: s
             values[key].append(
                 column_to_numpy(table, key, shapes[key] or (1,), path).reshape(ep.length, *shapes[key])
             )
+        for key in images:
+            decode_images_into(table, key, pixels_of[key], np.arange(lo, hi), path, ep.index)
 
     arrays = {k: np.concatenate(v) for k, v in values.items()}
     for key, arr in arrays.items():
@@ -255,10 +264,14 @@ def _write_converted(source: LeRobotSource, out: Path, fingerprint: str, name: s
     per_episode: dict[str, list[dict[str, np.ndarray]]] = {
         k: [sufficient_stats(a[s:e]) for s, e in zip(starts, ends)] for k, a in arrays.items()
     }
-    for key in videos:
-        images = _decode_feature(source, key, out, timestamps, starts, num_frames, shapes[key])
-        per_episode[key] = [uint8_channel_stats(images[s:e]) for s, e in zip(starts, ends)]
-        del images
+    for key in [*videos, *images]:
+        if key in videos:
+            pixels = _decode_feature(source, key, out, timestamps, starts, num_frames, shapes[key])
+        else:
+            pixels = pixels_of.pop(key)
+            pixels.flush()
+        per_episode[key] = [uint8_channel_stats(pixels[s:e]) for s, e in zip(starts, ends)]
+        del pixels
     stacked = {k: stack_episode_stats(v) for k, v in per_episode.items()}
     everything = np.arange(len(lengths))
     combined = {k: combine_stats(st, everything) for k, st in stacked.items()}
@@ -272,7 +285,7 @@ def _write_converted(source: LeRobotSource, out: Path, fingerprint: str, name: s
     )
 
     features: dict[str, dict[str, Any]] = {
-        k: {"shape": list(shapes[k]), "dtype": "uint8", "kind": VISUAL} for k in videos
+        k: {"shape": list(shapes[k]), "dtype": "uint8", "kind": VISUAL} for k in [*videos, *images]
     }
     for key, arr in arrays.items():
         features[key] = {"shape": list(shapes[key]), "dtype": str(arr.dtype), "kind": KINDS.get(key, "other")}
