@@ -120,6 +120,12 @@ class TrainingConfig:
     # paper-size model (docs/gpu.md). Same math: a checkpoint resumes with it on or off.
     compile: bool = False
     grad_clip_norm: float = 10.0
+    # On N processes: seconds a training step's collective waits for the other processes before every process
+    # ends with one line naming the missing ones (a stopped or hung process). A step takes milliseconds to a
+    # few seconds and the processes wait for one another only for their difference, so 60 s is far past any
+    # normal wait yet ends a stuck run within about a minute. The first step (a compile), the step after a
+    # checkpoint or an evaluation, and start-up wait 30 minutes instead (docs/distributed.md).
+    collective_timeout_s: float = 60.0
     # Online (TD-MPC) only: vectorized envs collecting experience, SB3-style schedule (docs/tdmpc.md).
     n_envs: int = 1
     use_async_envs: bool = False
@@ -134,6 +140,10 @@ class TrainingConfig:
     offline_ratio: float = 0.0
     # Store the replay buffer with each checkpoint, so that a resumed run continues it exactly.
     save_buffer: bool = False
+    # Resume even though the training data differs from the data the checkpoint was trained on (its
+    # fingerprint: format, episodes, frames, content hash); the run goes on with the checkpoint's
+    # normalization statistics. false: such a resume stops with one line naming both (docs/training_runs.md).
+    allow_other_data: bool = False
 
 
 @dataclass
@@ -148,7 +158,7 @@ class EvalConfig:
     use_async_envs: str = "auto"
     # Episodes saved as mp4 videos.
     max_episodes_rendered: int = 4
-    # Episode i is reset with seed start_seed + i, whatever the number of envs.
+    # Episode i is reset with seed start_seed + i, whatever the number of envs (gymnasium seeds are >= 0).
     start_seed: int = 100_000
     # Evaluate every `freq` training steps (0 disables periodic evaluation).
     freq: int = 10_000
@@ -304,9 +314,10 @@ POSITIVE_KEYS = (
     "training.train_freq",
     "training.buffer_capacity",
     "training.grad_clip_norm",
+    "training.collective_timeout_s",
     "env.max_episode_steps",
 )
-NON_NEGATIVE_KEYS = ("training.num_workers", "eval.freq", "eval.max_episodes_rendered")
+NON_NEGATIVE_KEYS = ("training.num_workers", "eval.freq", "eval.max_episodes_rendered", "eval.start_seed")
 
 
 def _check_positive(cfg: DictConfig) -> None:

@@ -1,9 +1,13 @@
 """Evaluating a policy as a run config says: the vector env, the episodes of this process, the merged figures
-and `eval_info.json`. Used by `scripts/eval.py` and by the trainers' periodic evaluation."""
+and `eval_info.json`. Used by `scripts/eval.py` and by the trainers' periodic evaluation.
+
+An evaluation writes `eval_info.json` and `videos/` into its output directory (`earlier_evaluation` says
+whether one is there already, `remove_evaluation` deletes it); nothing else of that directory is touched."""
 
 from __future__ import annotations
 
 import logging
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +23,9 @@ from lerobot.rollout import aggregate_episodes, eval_policy
 from lerobot.runtime.atomic import write_json
 
 log = logging.getLogger(__name__)
+
+# Where the rendered episodes go, in the output directory.
+VIDEOS_DIR = "videos"
 
 
 def evaluate(cfg: DictConfig, policy: Policy, out_dir: Path, progress: bool = False) -> dict[str, Any]:
@@ -41,7 +48,7 @@ def evaluate(cfg: DictConfig, policy: Policy, out_dir: Path, progress: bool = Fa
             start,
             stop,
             max_episodes_rendered=cfg.eval.max_episodes_rendered if main else 0,
-            videos_dir=Path(out_dir) / "videos" if main else None,
+            videos_dir=Path(out_dir) / VIDEOS_DIR if main else None,
             progress=progress and main,
         )
     parts = [(s, p) for s, p in distributed.gather((start, part)) if p is not None]
@@ -50,6 +57,25 @@ def evaluate(cfg: DictConfig, policy: Policy, out_dir: Path, progress: bool = Fa
     if main:
         write_json(Path(out_dir) / EVAL_INFO_FILE, info)
     return info
+
+
+def earlier_evaluation(out_dir: Path) -> str | None:
+    """What an earlier evaluation left in `out_dir` (`eval_info.json`, videos), in words; None when nothing
+    (an empty `videos/` counts as nothing)."""
+    out_dir = Path(out_dir)
+    found = []
+    if (out_dir / EVAL_INFO_FILE).exists():
+        found.append(EVAL_INFO_FILE)
+    videos = out_dir / VIDEOS_DIR
+    if videos.is_dir() and any(videos.iterdir()):
+        found.append(f"{sum(1 for _ in videos.iterdir())} file(s) in {VIDEOS_DIR}/")
+    return " and ".join(found) or None
+
+
+def remove_evaluation(out_dir: Path) -> None:
+    """Delete what an evaluation wrote into `out_dir` (`eval_info.json`, `videos/`), and nothing else."""
+    (Path(out_dir) / EVAL_INFO_FILE).unlink(missing_ok=True)
+    shutil.rmtree(Path(out_dir) / VIDEOS_DIR, ignore_errors=True)
 
 
 def _evaluate_episodes(

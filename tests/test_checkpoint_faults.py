@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 from omegaconf import OmegaConf
-from safetensors.torch import load_file
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 from test_diffusion import stats_for
 from test_train import TINY, TINY_IMAGE, data_args  # noqa: F401 (data_args: a pytest fixture)
 
@@ -36,7 +37,7 @@ from lerobot.config import env_config
 from lerobot.errors import CheckpointError, NonFiniteWeightsError, RunDirError
 from lerobot.policies.factory import make_policy, make_policy_config
 from lerobot.policies.policy import Policy
-from lerobot.training.common import setup_run
+from lerobot.training.run_dir import setup_run
 
 REPO = Path(__file__).resolve().parents[1]
 KEYPOINTS = [*TINY, "env=pusht_keypoints"]
@@ -50,6 +51,16 @@ def tiny_checkpoint(run_dir: Path, step: int, overrides: list[str] = KEYPOINTS) 
     return save_checkpoint(
         run_dir, step, policy, cfg, training_state={"model": policy.state_dict(), "step": step}
     )
+
+
+def as_older_version(ckpt: Path) -> None:
+    """Make `ckpt` look saved by a version without checksums: no record of them in its weights' header, no
+    `checksums.json` (deleting only the file is an error: the header says there was one)."""
+    path = ckpt / MODEL_FILE
+    with safe_open(path, framework="pt") as f:
+        metadata = {k: v for k, v in f.metadata().items() if k != "lerobot.checksums"}
+    save_file(load_file(path), path, metadata=metadata)
+    (ckpt / "checksums.json").unlink()
 
 
 def one_line_error(capsys) -> str:
@@ -168,7 +179,7 @@ def test_flipped_weights_are_refused_naming_the_file_and_the_earlier_checkpoints
     err = one_line_error(capsys)
     assert f"{bad / MODEL_FILE} is corrupt" in err and "sha256" in err and "000000001" in err
     # Without a checksum (a checkpoint of an older version) the weights are still checked: NaN is refused.
-    (bad / "checksums.json").unlink()
+    as_older_version(bad)
     assert eval_main(["--checkpoint", str(bad)]) == 2
     err = one_line_error(capsys)
     assert "not finite" in err and "000000001" in err
@@ -192,7 +203,7 @@ def test_non_finite_raw_weights_stop_the_resume(tmp_path):
     state = torch.load(ckpt / TRAINING_STATE_FILE, weights_only=False)
     next(iter(state["model"].values())).fill_(float("nan"))
     torch.save(state, ckpt / TRAINING_STATE_FILE)
-    (ckpt / "checksums.json").unlink()
+    as_older_version(ckpt)
     with pytest.raises(
         NonFiniteWeightsError, match=f"weights in {ckpt / TRAINING_STATE_FILE} .* are not finite"
     ):

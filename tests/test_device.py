@@ -38,7 +38,7 @@ from lerobot.devices import resolve_device
 from lerobot.errors import ConfigError
 from lerobot.policies.diffusion.modeling import DiffusionPolicy
 from lerobot.policies.factory import make_policy, make_policy_config
-from lerobot.training.common import CPU_RECIPE, cpu_run_warning
+from lerobot.training.pace import CPU_RECIPE, cpu_run_warning
 from lerobot.training.progress import TrainingLoop
 from lerobot.training.replay_buffer import ReplayBuffer
 from lerobot.training.update import StepMetrics, TrainStep
@@ -329,9 +329,9 @@ def test_cpu_run_warning_estimates_hours_and_names_the_recipe():
 
 
 def test_a_slow_cpu_run_warns_at_start_and_still_runs(tmp_path, data_args, monkeypatch, caplog):
-    monkeypatch.setattr("lerobot.training.common.CPU_WARN_HOURS", 1e-7)  # any run is "slow"
+    monkeypatch.setattr("lerobot.training.pace.CPU_WARN_HOURS", 1e-7)  # any run is "slow"
     args = [*TINY_OFFLINE, "env=pusht_keypoints", *data_args, "training.steps=4", "eval.freq=0"]
-    with caplog.at_level(logging.WARNING, logger="lerobot.training.common"):
+    with caplog.at_level(logging.WARNING, logger="lerobot.training.pace"):
         assert train_main([*args, "device=cpu", f"output_dir={tmp_path}"]) == 0
     warnings = [r.getMessage() for r in caplog.records if CPU_RECIPE in r.getMessage()]
     assert len(warnings) == 1 and "s per step, 1 steps left" in warnings[0]

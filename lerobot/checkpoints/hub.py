@@ -10,7 +10,7 @@ This project's layout:
 
 Every training checkpoint directory holds both files, so it is itself a pretrained directory. A LeRobot
 `pretrained_model` directory (its `config.json` has a `type` and no `format`) is read by the importer of its
-policy type (`lerobot.checkpoints.lerobot_diffusion`).
+policy type (`lerobot.checkpoints.lerobot_diffusion`, `lerobot.checkpoints.lerobot_act`).
 
 `load_pretrained` also takes a hub repo id (`user/name`): the repo is fetched with `huggingface_hub` into its
 cache, which `HF_HUB_OFFLINE=1` restricts to what is already there.
@@ -19,6 +19,7 @@ cache, which `HF_HUB_OFFLINE=1` restricts to what is already there.
 from __future__ import annotations
 
 import json
+import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +28,7 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 from safetensors.torch import load_file
-from safetensors.torch import save as safetensors_bytes
+from safetensors.torch import save as safetensors_save
 
 from lerobot.config import EnvConfig, FeatureConfig
 from lerobot.errors import ConfigError, PretrainedError
@@ -52,7 +53,8 @@ class PretrainedSpec:
 
     Attributes:
         path: the directory holding `config.json`.
-        source: `"lerobot-policy"` (this project) or `"lerobot-0.6"` (a LeRobot `pretrained_model`).
+        source: `"lerobot-policy"` (this project), or the `SOURCE` of the importer of a LeRobot
+            `pretrained_model` (`"lerobot-0.6"`: Diffusion Policy, `"lerobot-0.6-act"`: ACT).
         policy: the `policy` config section in this project's terms (`name` first).
         features: every input and output feature the model was built for.
         env: the env config section it was trained on, when recorded (this project's layout only).
@@ -87,6 +89,11 @@ def hub_config(policy_cfg: PolicyConfig, env_cfg: EnvConfig | None = None) -> di
     }
 
 
+def hub_config_text(policy_cfg: PolicyConfig, env_cfg: EnvConfig | None = None) -> str:
+    """The text of `config.json` (see `hub_config`)."""
+    return json.dumps(hub_config(policy_cfg, env_cfg), indent=2) + "\n"
+
+
 def write_hub_config(
     save_dir: Path | str, policy_cfg: PolicyConfig, env_cfg: EnvConfig | None = None
 ) -> Path:
@@ -95,9 +102,40 @@ def write_hub_config(
     A training checkpoint directory already holds the weights as `model.safetensors`: this file completes
     it into the hub layout.
     """
-    path = Path(save_dir) / CONFIG_JSON
-    text = json.dumps(hub_config(policy_cfg, env_cfg), indent=2) + "\n"
-    return write_text(path, text)
+    return write_text(Path(save_dir) / CONFIG_JSON, hub_config_text(policy_cfg, env_cfg))
+
+
+def serialize_weights(
+    tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None
+) -> list[bytes | memoryview]:
+    """The bytes of a safetensors file holding `tensors` (CPU, contiguous) and header `metadata`, as pieces
+    to write in order (`write_weights`); the same bytes for the same content, in any process.
+
+    safetensors lays the tensors out by dtype and name whatever the dict order, but writes the metadata
+    in the order of a hash map seeded afresh for every file. The header is therefore written again here,
+    with the metadata keys sorted and the tensors in the order of their data (which moves no data).
+    """
+    raw = safetensors_save(dict(tensors), metadata=dict(metadata) if metadata else None)
+    (size,) = struct.unpack("<Q", raw[:8])
+    entries = json.loads(raw[8 : 8 + size])
+    header = {}
+    if "__metadata__" in entries:
+        header["__metadata__"] = dict(sorted(entries.pop("__metadata__").items()))
+    header.update(sorted(entries.items(), key=lambda item: (item[1]["data_offsets"], item[0])))
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned, as safetensors itself pads it
+    return [struct.pack("<Q", len(text)) + text, memoryview(raw)[8 + size :]]
+
+
+def write_weights(path: Path, pieces: list[bytes | memoryview]) -> None:
+    """Write the pieces of `serialize_weights` to `path`.
+
+    Through a Python file, not safetensors' own writer, so that the mode follows the umask and a full disk
+    raises OSError.
+    """
+    with open(path, "wb") as f:
+        for piece in pieces:
+            f.write(piece)
 
 
 def save_pretrained(policy: Policy, save_dir: Path | str, env_cfg: EnvConfig | None = None) -> Path:
@@ -105,8 +143,8 @@ def save_pretrained(policy: Policy, save_dir: Path | str, env_cfg: EnvConfig | N
     save_dir = Path(save_dir)
     save_dir.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous().cpu() for k, v in policy.state_dict().items()}
-    # Through a Python file, not safetensors' own writer, so that the mode follows the umask.
-    atomic_write(save_dir / MODEL_FILE, lambda tmp: tmp.write_bytes(safetensors_bytes(state)))
+    weights = serialize_weights(state)
+    atomic_write(save_dir / MODEL_FILE, lambda tmp: write_weights(tmp, weights))
     write_hub_config(save_dir, policy.config, env_cfg)
     return save_dir
 

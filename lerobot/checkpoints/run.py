@@ -9,11 +9,15 @@ Layout of `run_dir/checkpoints/000001000/`:
 - `config.json`: the policy's hub-layout config (`lerobot.checkpoints.hub`), so that a checkpoint is also a
   pretrained directory (`Policy.from_pretrained`).
 - `training_state.pt` (optional): raw weights, optimizer, LR scheduler, EMA, RNG states, step, extras.
+- `data_fingerprint.json` (optional): what the run trained on (`lerobot.datasets.dataset_fingerprint`), so
+  that a resume on other data is noticed (`lerobot.training.run_dir.check_training_data`).
 - `checksums.json`: the sha256 of every other file (`lerobot.runtime.checksums`), checked before each read.
-`run_dir/checkpoints/last` is a symlink to the newest complete checkpoint. A checkpoint is written into a
-temporary sibling (`.tmp-<step>-<random>-<host>@<pid>`) and renamed when complete; temporaries left by a
-killed run are removed (or, when complete, put in place) by `remove_stale_temporaries` when a run starts.
-Weights that are not finite are never saved.
+`run_dir/checkpoints/last` is a symlink to the newest complete checkpoint; it never moves back to an
+earlier step (a save behind it means a second writer). A checkpoint is written into a temporary sibling
+(`.tmp-<step>-<random>-locked-<host>@<pid>`) that its writer holds a `flock` on, and renamed when complete;
+temporaries left by a killed run (their lock is free, whatever pid their name holds) are removed (or, when
+complete, put in place) by `remove_stale_temporaries` when a run starts. Weights that are not finite are
+never saved, and `model.safetensors` has the same bytes for the same weights and config in any process.
 """
 
 from __future__ import annotations
@@ -21,22 +25,21 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickle
 import secrets
 import shutil
 import socket
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 from safetensors import safe_open
-from safetensors.torch import save as safetensors_bytes
 
 from lerobot.accel import upgrade_saved_config
-from lerobot.checkpoints.hub import write_hub_config
+from lerobot.checkpoints.hub import CONFIG_JSON, hub_config_text, serialize_weights, write_weights
 from lerobot.config import env_config
-from lerobot.errors import CheckpointError, ChecksumError, NonFiniteWeightsError
+from lerobot.errors import CheckpointError, ChecksumError, NonFiniteWeightsError, RunDirError
 from lerobot.policies.factory import (
     available_policies,
     make_policy,
@@ -46,22 +49,34 @@ from lerobot.policies.factory import (
 )
 from lerobot.policies.policy import Policy
 from lerobot.runtime.atomic import no_space_error
-from lerobot.runtime.checksums import file_sha256, read_checksums, verify_checksum, write_checksums
+from lerobot.runtime.checksums import (
+    CHECKSUMS_FILE,
+    file_sha256,
+    read_checksums,
+    verify_checksum,
+    write_checksums,
+)
+from lerobot.runtime.lock import open_dir, try_flock, verify_run_dir
 
 log = logging.getLogger(__name__)
 
 MODEL_FILE = "model.safetensors"
 CONFIG_FILE = "config.yaml"
 TRAINING_STATE_FILE = "training_state.pt"
+DATA_FINGERPRINT_FILE = "data_fingerprint.json"
 CHECKPOINTS_DIR = "checkpoints"
 LAST_LINK = "last"
 _TMP_PREFIX = ".tmp-"
+# The word after the step and the random token in the name of a temporary whose writer holds a `flock` on
+# it (`_make_temporary`); the temporaries of older versions name the writer's host and pid there.
+_LOCKED = "locked"
 _LAST_TMP = f".{LAST_LINK}.tmp"
-# Keys of the weights' header metadata.
+# Keys of the weights' header metadata. `lerobot.checksums` names the checksums file the checkpoint was
+# saved with, so that a deleted one is an error, not a silent downgrade to unverified reading.
 _META_POLICY = "lerobot.policy"
 _META_FEATURES = "lerobot.features"
 _META_ENV = "lerobot.env"
-# errno values that mean "the disk (or the process's file size limit) has no room for this write".
+_META_CHECKSUMS = "lerobot.checksums"
 
 
 def checkpoint_dir(run_dir: Path, step: int) -> Path:
@@ -77,35 +92,51 @@ def save_checkpoint(
     cfg: DictConfig,
     training_state: dict[str, Any] | None = None,
     eval_state_dict: dict[str, torch.Tensor] | None = None,
+    data_fingerprint: dict[str, Any] | None = None,
 ) -> Path:
     """Write a checkpoint for `step` atomically and point `last` at it; return its directory.
 
     `eval_state_dict` replaces the policy's own weights in `model.safetensors` (e.g. EMA weights).
+    `data_fingerprint` (the training data's, when the run reads a dataset) goes to `data_fingerprint.json`.
     Raises `NonFiniteWeightsError` (writing nothing) when the weights to save, or the policy's own, are not
-    finite, and `CheckpointError` naming the path and the space needed when the disk is full; in every
-    failure the temporary directory is removed and the previous checkpoints stay as they were.
+    finite, `CheckpointError` naming the path and the space needed when the disk is full, and `RunDirError`
+    when this process no longer owns `run_dir` (`lerobot.runtime.lock.verify_run_dir`) or `last` points at
+    a later step (another writer); in every failure the temporary directory is removed and the previous
+    checkpoints stay as they were.
     """
     state = eval_state_dict if eval_state_dict is not None else policy.state_dict()
     for named in (state, policy.state_dict()):
         _raise_if_non_finite(named, f"not saving checkpoint {step:09d}: the weights after step {step}")
+    verify_run_dir(run_dir)  # before anything is made in it
     final = checkpoint_dir(run_dir, step)
     final.parent.mkdir(parents=True, exist_ok=True)
-    needed = _nbytes(state) + _nbytes(training_state)
+    newer = _newer_last(run_dir, step)
+    if newer is not None:
+        raise RunDirError(f"not saving checkpoint {step:09d}: {_second_writer(run_dir, newer)}")
+    tensors = {k: v.detach().contiguous().cpu() for k, v in state.items()}
+    weights = serialize_weights(tensors, _weights_metadata(cfg))
+    # config.json next to model.safetensors makes the checkpoint a hub-layout pretrained directory too.
+    texts = {
+        CONFIG_FILE: OmegaConf.to_yaml(cfg, resolve=True),
+        CONFIG_JSON: hub_config_text(policy.config, env_config(cfg)),
+    }
+    if data_fingerprint is not None:
+        texts[DATA_FINGERPRINT_FILE] = json.dumps(data_fingerprint, indent=1)
+    sizes = [sum(memoryview(piece).nbytes for piece in weights), *(len(t.encode()) for t in texts.values())]
+    needed = _checkpoint_bytes(final.parent, sizes, training_state)
     free = shutil.disk_usage(final.parent).free
     if free < needed:  # refuse before filling the disk up: other writers (logs, evaluations) need it too
         raise CheckpointError(_no_space_message(run_dir, final, "no space left on device", needed, free))
-    tmp = _make_temporary(final.parent, step)
+    tmp, tmp_lock = _make_temporary(final.parent, step)
     try:
-        tensors = {k: v.detach().contiguous().cpu() for k, v in state.items()}
-        # Written through a Python file (not safetensors' own writer): permissions follow the umask and a
-        # full disk raises OSError.
-        (tmp / MODEL_FILE).write_bytes(safetensors_bytes(tensors, metadata=_weights_metadata(cfg)))
-        OmegaConf.save(cfg, tmp / CONFIG_FILE, resolve=True)
-        # config.json next to model.safetensors makes the checkpoint a hub-layout pretrained directory too.
-        write_hub_config(tmp, policy.config, env_config(cfg))
+        write_weights(tmp / MODEL_FILE, weights)
+        for name in (CONFIG_FILE, CONFIG_JSON):
+            (tmp / name).write_text(texts[name], encoding="utf-8")
         if training_state is not None:
             with open(tmp / TRAINING_STATE_FILE, "wb") as f:
                 torch.save(training_state, f)
+        if data_fingerprint is not None:
+            (tmp / DATA_FINGERPRINT_FILE).write_text(texts[DATA_FINGERPRINT_FILE], encoding="utf-8")
         write_checksums(tmp)
         _replace_dir(tmp, final)
     except BaseException as e:
@@ -116,8 +147,34 @@ def save_checkpoint(
         reason = f"{full.strerror} ({full.filename or tmp})"
         free = shutil.disk_usage(final.parent).free
         raise CheckpointError(_no_space_message(run_dir, final, reason, needed, free)) from None
+    finally:
+        os.close(tmp_lock)
+    newer = _newer_last(run_dir, step)  # again: the write took a while
+    if newer is not None:
+        raise RunDirError(
+            f"checkpoint {step:09d} was written but `last` stays: {_second_writer(run_dir, newer)}"
+        )
     set_last(run_dir, final)
     return final
+
+
+def _newer_last(run_dir: Path, step: int) -> str | None:
+    """The checkpoint `last` points at when it is complete and of a later step than `step`, else None."""
+    link = Path(run_dir) / CHECKPOINTS_DIR / LAST_LINK
+    if not link.is_symlink():
+        return None
+    target = link.resolve()
+    if target.parent != link.parent.resolve() or not target.name.isdigit() or not _is_complete(target):
+        return None  # dangling (resumed from the newest complete checkpoint), or pointed elsewhere by hand
+    return target.name if int(target.name) > step else None
+
+
+def _second_writer(run_dir: Path, newer: str) -> str:
+    link = Path(run_dir) / CHECKPOINTS_DIR / LAST_LINK
+    return (
+        f"{link} points at {newer}, a later step, which another run writing {run_dir} saved; a run "
+        "directory takes one writer at a time: stop the other run, or train into another output_dir"
+    )
 
 
 def set_last(run_dir: Path, ckpt_dir: Path) -> None:
@@ -130,31 +187,53 @@ def set_last(run_dir: Path, ckpt_dir: Path) -> None:
     os.replace(tmp_link, parent / LAST_LINK)
 
 
-def _make_temporary(parent: Path, step: int) -> Path:
-    """A new, empty temporary directory for `step` in `parent`, named after this host and process.
+def _temporary_name(parent: Path, step: int) -> Path:
+    """A fresh temporary name for `step` in `parent`; the host and pid in it are for people to read."""
+    writer = f"{_LOCKED}-{socket.gethostname()}@{os.getpid()}"
+    while True:
+        path = parent / f"{_TMP_PREFIX}{step:09d}-{secrets.token_hex(4)}-{writer}"
+        if not os.path.lexists(path):
+            return path
 
-    `os.mkdir` (not `tempfile.mkdtemp`, which makes it 0700) so that its mode follows the user's umask.
+
+def _make_temporary(parent: Path, step: int) -> tuple[Path, int]:
+    """A new, empty temporary directory for `step` in `parent`, and a descriptor holding a `flock` on it.
+
+    The lock tells `remove_stale_temporaries` that the directory is being written, in any process, PID
+    namespace or container; the kernel drops it when the writer exits, however it exits. Closing the
+    descriptor (after the rename into place, or the removal) drops it. `os.mkdir` (not
+    `tempfile.mkdtemp`, which makes it 0700) so that its mode follows the user's umask.
     """
     while True:
-        path = parent / f"{_TMP_PREFIX}{step:09d}-{secrets.token_hex(4)}-{socket.gethostname()}@{os.getpid()}"
+        path = _temporary_name(parent, step)
         try:
             path.mkdir()
-            return path
         except FileExistsError:
             continue
+        fd = open_dir(path)
+        if try_flock(fd) is not False:  # None: the file system cannot lock it (the pid check then applies)
+            return path, fd
+        os.close(fd)  # a cleaner took it the moment it was made: leave it to that one
 
 
 def _replace_dir(tmp: Path, final: Path) -> None:
-    """Rename `tmp` to `final`; an existing `final` is first renamed aside (to a temporary name, so that
-    a kill in between leaves nothing that `remove_stale_temporaries` cannot sort out) and then removed."""
-    aside = None
+    """Rename `tmp` to `final`; an existing `final` is first renamed aside (to a temporary name, locked
+    like a temporary, so that a kill in between leaves nothing that `remove_stale_temporaries` cannot sort
+    out) and then removed."""
+    aside, aside_lock = None, None
     if final.exists():
-        aside = _make_temporary(final.parent, int(final.name))
+        aside_lock = open_dir(final)
+        try_flock(aside_lock)
+        aside = _temporary_name(final.parent, int(final.name))
         os.replace(final, aside)
-    os.replace(tmp, final)
-    _fsync_dir(final.parent)
-    if aside is not None:
-        shutil.rmtree(aside, ignore_errors=True)
+    try:
+        os.replace(tmp, final)
+        _fsync_dir(final.parent)
+        if aside is not None:
+            shutil.rmtree(aside, ignore_errors=True)
+    finally:
+        if aside_lock is not None:
+            os.close(aside_lock)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -166,26 +245,96 @@ def _fsync_dir(path: Path) -> None:
 
 
 def _weights_metadata(cfg: DictConfig) -> dict[str, str]:
-    """What the weights were trained with: the policy config, the env's name and its feature shapes."""
+    """What the weights were trained with: the policy config, the env's name and its feature shapes; and
+    that the checkpoint has checksums. Keys sorted, so that the same content gives the same bytes."""
     features = {k: list(v.shape) for k, v in env_config(cfg).features.items()}
     return {
-        _META_POLICY: json.dumps(OmegaConf.to_container(cfg.policy, resolve=True)),
-        _META_FEATURES: json.dumps(features),
+        _META_POLICY: json.dumps(OmegaConf.to_container(cfg.policy, resolve=True), sort_keys=True),
+        _META_FEATURES: json.dumps(features, sort_keys=True),
         _META_ENV: str(cfg.env.name),
+        _META_CHECKSUMS: CHECKSUMS_FILE,
     }
 
 
-def _nbytes(obj: Any) -> int:
-    """Bytes held by the tensors and arrays in a (nested) dict/list/tuple."""
-    if isinstance(obj, torch.Tensor):
-        return obj.numel() * obj.element_size()
-    if isinstance(obj, np.ndarray):
-        return obj.nbytes
-    if isinstance(obj, dict):
-        return sum(_nbytes(v) for v in obj.values())
-    if isinstance(obj, list | tuple):
-        return sum(_nbytes(v) for v in obj)
-    return 0
+# ------------------------------------------------------------------------------- the space a save needs
+# `torch.save` writes a zip archive: "archive/data.pkl", one "archive/data/<n>" record per storage and a few
+# small records (version, byte order, ...). A record takes a local header (30 bytes, 4 of them an extra
+# field), up to 63 bytes of padding that aligns its data to 64 bytes, a data descriptor (16 bytes, 24 in
+# zip64), a central directory entry (46 bytes) and its name twice; past 4 GB, zip64 fields add 48 bytes. The
+# end records take 98 bytes.
+_ZIP_RECORD_BYTES = 30 + 4 + 63 + 24 + 46 + 2 * len("archive/data/0123456789")
+_ZIP64_RECORD_BYTES = 48
+_ZIP_FIXED_BYTES = 8 * (_ZIP_RECORD_BYTES + _ZIP64_RECORD_BYTES + 64) + 128
+# A line of `checksums.json` per file (name and sha256), and its braces.
+_CHECKSUM_LINE_BYTES = 128
+
+
+def _checkpoint_bytes(parent: Path, file_sizes: list[int], training_state: dict[str, Any] | None) -> int:
+    """An upper bound of the disk space a new checkpoint takes in `parent`.
+
+    The files of known size (`file_sizes`: the weights and the texts, serialized before this is asked),
+    the `torch.save` archive of `training_state` and `checksums.json`, each rounded up to whole blocks of
+    the file system and given room for the file system's own records of where those blocks are; and a
+    block for the checkpoint directory, one for `parent` growing.
+    """
+    sizes = list(file_sizes)
+    if training_state is not None:
+        sizes.append(_torch_save_bytes(training_state))
+    sizes.append(_CHECKSUM_LINE_BYTES * (len(sizes) + 1))
+    block = os.statvfs(parent).f_frsize or 4096
+    return sum(_on_disk(size, block) for size in sizes) + 2 * block
+
+
+def _on_disk(size: int, block: int) -> int:
+    """The bytes a file of `size` bytes takes on a file system of `block`-byte blocks: its blocks, plus
+    one per 512 of them and one more for the blocks that map them (indirect blocks, extent trees)."""
+    blocks = -(-size // block)
+    return (blocks + blocks // 512 + 1) * block
+
+
+class _ByteCounter:
+    """A write-only file that keeps nothing but the number of bytes written to it."""
+
+    def __init__(self) -> None:
+        self.written = 0
+
+    def write(self, data: bytes) -> int:
+        n = memoryview(data).nbytes
+        self.written += n
+        return n
+
+
+class _SizingPickler(pickle.Pickler):
+    """Pickles an object as `torch.save` does (protocol 2, each storage replaced by an id naming it),
+    collecting the storages, which `torch.save` writes as records beside the pickle."""
+
+    def __init__(self, file: _ByteCounter):
+        super().__init__(file, protocol=2)
+        self.storages: dict[tuple, int] = {}  # one entry per storage torch.save would write: its bytes
+
+    def persistent_id(self, obj: Any) -> tuple | None:
+        if isinstance(obj, torch.storage.TypedStorage):
+            obj = obj._untyped_storage  # what torch.save writes (`untyped()` warns of TypedStorage's removal)
+        if not isinstance(obj, torch.UntypedStorage):
+            return None
+        nbytes = obj.nbytes()
+        key = (obj.data_ptr(), nbytes, str(obj.device)) if nbytes else ("empty", len(self.storages))
+        self.storages.setdefault(key, nbytes)
+        # torch.save's id: ("storage", storage type, key, location, numel), a few bytes shorter than this.
+        return ("storage", "UntypedStorage", str(len(self.storages)), str(obj.device), nbytes)
+
+
+def _torch_save_bytes(obj: Any) -> int:
+    """An upper bound of the size of the file `torch.save(obj, f)` writes, without writing it or copying
+    any tensor: the pickle (with 8 bytes a storage of slack, although torch's own ids are shorter than
+    `_SizingPickler`'s), the storages' bytes, and the archive's records."""
+    counter = _ByteCounter()
+    pickler = _SizingPickler(counter)
+    pickler.dump(obj)
+    records = len(pickler.storages) + 1  # and data.pkl
+    data = counter.written + 8 * records + sum(pickler.storages.values())
+    per_record = _ZIP_RECORD_BYTES + (_ZIP64_RECORD_BYTES if data >= 2**32 - 2**24 else 0)
+    return data + records * per_record + _ZIP_FIXED_BYTES
 
 
 def _no_space_message(run_dir: Path, final: Path, reason: str, needed: int, free: int) -> str:
@@ -234,8 +383,11 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 def remove_stale_temporaries(run_dir: Path) -> None:
     """Remove the temporary checkpoint directories that killed runs left in `run_dir/checkpoints/`.
 
-    A temporary is stale when the process named in it is no longer alive on this host, when it was made on
-    another host (a run directory has one writer at a time) or by a version that did not name its writer.
+    A temporary is stale when its `flock` can be taken: its writer, which held it while writing, has exited
+    (the kernel dropped the lock), whatever pid its name holds, in whatever PID namespace it ran. The lock
+    is kept while the temporary is removed or put in place. Temporaries of older versions, which took no
+    lock, are stale when the process named in them is no longer alive on this host, when they were made on
+    another host (a run directory has one writer at a time) or when they name no writer.
     A stale temporary that is complete and verifies against its checksums, while its step has no
     checkpoint (a kill between renaming the old copy aside and the new one in place), becomes that
     checkpoint; every other one is deleted.
@@ -245,9 +397,24 @@ def remove_stale_temporaries(run_dir: Path) -> None:
         return
     if (parent / _LAST_TMP).is_symlink():
         (parent / _LAST_TMP).unlink()
-    stale = [p for p in parent.glob(f"{_TMP_PREFIX}*") if _writer_is_gone(p.name)]
+    stale, locks = [], []
+    try:
+        for path in parent.glob(f"{_TMP_PREFIX}*"):
+            gone, lock = _claim_if_stale(path)
+            if lock is not None:
+                locks.append(lock)
+            if gone:
+                stale.append(path)
+        _remove_or_recover(parent, stale)
+    finally:
+        for lock in locks:
+            os.close(lock)
+
+
+def _remove_or_recover(parent: Path, stale: list[Path]) -> None:
+    """Put the complete, verified stale temporaries of steps without a checkpoint in place; delete the rest."""
     freed, removed = 0, 0
-    for tmp in sorted(stale, key=lambda p: p.stat().st_mtime, reverse=True):  # newest copy of a step first
+    for tmp in sorted(stale, key=lambda p: p.lstat().st_mtime, reverse=True):  # newest copy of a step first
         step = tmp.name[len(_TMP_PREFIX) :].split("-")[0]
         final = parent / step
         if step.isdigit() and not final.exists() and _verifies(tmp):
@@ -266,7 +433,30 @@ def remove_stale_temporaries(run_dir: Path) -> None:
         )
 
 
-def _writer_is_gone(name: str) -> bool:
+def _claim_if_stale(path: Path) -> tuple[bool, int | None]:
+    """Whether the temporary `path` is stale, and a descriptor holding its lock when it was taken (so that
+    no other cleaner takes it meanwhile); the caller closes it."""
+    parts = path.name[len(_TMP_PREFIX) :].split("-", 3)
+    if len(parts) < 4 or parts[2] != _LOCKED:
+        return _old_writer_is_gone(path.name), None
+    if path.is_symlink() or not path.is_dir():
+        return True, None
+    try:
+        fd = open_dir(path)
+    except FileNotFoundError:  # gone meanwhile
+        return False, None
+    taken = try_flock(fd)
+    if taken:
+        return True, fd
+    os.close(fd)
+    if taken is None:  # a file system that cannot lock directories: the writer's name is all there is
+        return _old_writer_is_gone(path.name), None
+    return False, None
+
+
+def _old_writer_is_gone(name: str) -> bool:
+    """Whether the writer named in a temporary's name (`...-<host>@<pid>`) is gone: this check is for the
+    temporaries of older versions (they took no lock); a pid says nothing across PID namespaces."""
     pid = name.rpartition("@")[2]
     if not pid.isdigit():
         return True
@@ -321,6 +511,34 @@ def other_checkpoints_hint(ckpt_dir: Path) -> str:
 
 
 # ----------------------------------------------------------------------------------------------- loading
+def _require_checksums(ckpt_dir: Path) -> None:
+    """Raise `CheckpointError` when `checksums.json` is missing from a checkpoint whose weights record that
+    it was saved with one; a checkpoint of an older version (no such record) is read unverified, with a
+    warning."""
+    ckpt_dir = Path(ckpt_dir)
+    if (ckpt_dir / CHECKSUMS_FILE).exists() or not _records_checksums(ckpt_dir):
+        return
+    raise CheckpointError(
+        f"checkpoint {ckpt_dir} was saved with checksums but {ckpt_dir / CHECKSUMS_FILE} is missing, so its "
+        "files cannot be verified: restore that file (copy the checkpoint directory again, whole), or, if "
+        'you trust the files as they are, record new checksums with `python -c "from '
+        f"lerobot.runtime.checksums import write_checksums; write_checksums('{ckpt_dir}')\"`; "
+        f"{other_checkpoints_hint(ckpt_dir)}"
+    )
+
+
+def _records_checksums(ckpt_dir: Path) -> bool:
+    """Whether the weights' header says the checkpoint was saved with `checksums.json`."""
+    path = Path(ckpt_dir) / MODEL_FILE
+    if not path.is_file():
+        return False
+    try:
+        with safe_open(path, framework="pt") as f:
+            return _META_CHECKSUMS in (f.metadata() or {})
+    except Exception:  # a corrupt header: reading the weights reports it
+        return False
+
+
 def _verified(ckpt_dir: Path, name: str) -> Path:
     """`ckpt_dir/name`, after checking it against the checkpoint's checksums (a `CheckpointError` if not)."""
     path = Path(ckpt_dir) / name
@@ -328,6 +546,7 @@ def _verified(ckpt_dir: Path, name: str) -> Path:
         raise CheckpointError(
             f"checkpoint {ckpt_dir} is incomplete: {name} is missing; {other_checkpoints_hint(ckpt_dir)}"
         )
+    _require_checksums(ckpt_dir)
     try:
         verify_checksum(ckpt_dir, name)
     except ChecksumError as e:
@@ -345,6 +564,7 @@ def load_config(ckpt_dir: Path) -> DictConfig:
     path = ckpt_dir / CONFIG_FILE
     if not path.exists():
         raise CheckpointError(f"checkpoint {ckpt_dir} is incomplete: {CONFIG_FILE} is missing")
+    _require_checksums(ckpt_dir)
     try:
         verify_checksum(ckpt_dir, CONFIG_FILE)
         changed = None
@@ -483,6 +703,18 @@ def _differences(a: Any, b: Any, prefix: str) -> list[tuple[str, Any, Any]]:
             out += _differences(a.get(key), b.get(key), f"{prefix}.{key}")
         return out
     return [] if a == b else [(prefix, a, b)]
+
+
+def read_data_fingerprint(ckpt_dir: Path) -> dict[str, Any] | None:
+    """The fingerprint of the data the checkpoint was trained on, verified; None when it records none (a
+    checkpoint of a run without a dataset, or saved before checkpoints recorded one)."""
+    if not (Path(ckpt_dir) / DATA_FINGERPRINT_FILE).exists():
+        return None
+    path = _verified(ckpt_dir, DATA_FINGERPRINT_FILE)
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{path} is corrupt ({e}); {other_checkpoints_hint(ckpt_dir)}") from None
 
 
 def load_training_state(ckpt_dir: Path) -> dict[str, Any]:

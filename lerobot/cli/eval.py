@@ -1,4 +1,9 @@
-"""`scripts/eval.py`: evaluate a checkpoint (any format `lerobot.checkpoints` reads) or a baseline policy."""
+"""`scripts/eval.py`: evaluate a checkpoint (any format `lerobot.checkpoints` reads) or a baseline policy.
+
+Each evaluation has a directory of its own: an `--output-dir` that already holds one (its `eval_info.json` or
+videos) is refused unless `--overwrite` says to replace it, and the default directory
+(`outputs/eval/<date>/<time>_<env>_<policy>`) gets a `_2`, `_3`... suffix when two start in the same second.
+"""
 
 from __future__ import annotations
 
@@ -16,7 +21,7 @@ from lerobot.config import env_config
 from lerobot.constants import EVAL_INFO_FILE
 from lerobot.devices import resolve_device
 from lerobot.errors import ConfigError
-from lerobot.evaluation import evaluate
+from lerobot.evaluation import earlier_evaluation, evaluate, remove_evaluation
 from lerobot.policies.factory import make_policy, make_policy_config
 from lerobot.seeding import set_seed
 
@@ -30,6 +35,31 @@ def _eval_output_dir(flag: Path | None, overrides: list[str]) -> Path | None:
     return flag if flag is not None else (given[-1] if given else None)
 
 
+def _check_output_dir(out_dir: Path, overwrite: bool) -> None:
+    """Refuse (`ConfigError`) an output directory that holds an earlier evaluation, unless `overwrite`."""
+    found = earlier_evaluation(out_dir)
+    if found is not None and not overwrite:
+        raise ConfigError(
+            f"{out_dir} already holds an evaluation ({found}); pick another --output-dir for this one, or pass "
+            "--overwrite to replace it"
+        )
+
+
+def _default_output_dir(env_name: str, policy_name: str) -> Path:
+    """A new directory `outputs/eval/<date>/<time>_<env>_<policy>`, with a `_2`, `_3`... suffix when that one
+    exists already; made here, so that two evaluations started in the same second never share one."""
+    now = dt.datetime.now()
+    base = Path("outputs/eval") / now.strftime("%Y-%m-%d") / f"{now:%H-%M-%S}_{env_name}_{policy_name}"
+    path, n = base, 1
+    while True:
+        try:
+            path.mkdir(parents=True)
+            return path
+        except FileExistsError:
+            n += 1
+            path = base.with_name(f"{base.name}_{n}")
+
+
 def _eval(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(description="Evaluate a checkpoint or a baseline policy.")
     parser.add_argument(
@@ -37,11 +67,20 @@ def _eval(argv: list[str] | None) -> int:
         type=Path,
         help="checkpoint dir, run dir, checkpoints/ dir, or a hub-layout dir (save_pretrained, LeRobot's)",
     )
-    parser.add_argument("--output-dir", type=Path, help="where eval_info.json and videos go")
+    parser.add_argument(
+        "--output-dir", type=Path, help="where eval_info.json and videos go (a directory of its own)"
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the evaluation already in --output-dir (its eval_info.json and videos/)",
+    )
     add_config_dir_argument(parser)
     parser.add_argument("overrides", nargs="*", help="e.g. eval.n_episodes=50 eval.batch_size=10 device=cpu")
     args = parser.parse_intermixed_args(argv)
     out_dir = _eval_output_dir(args.output_dir, args.overrides)
+    if out_dir is not None:  # before anything is loaded: an evaluation must not replace another silently
+        _check_output_dir(out_dir, args.overwrite)
 
     # Under torchrun every process evaluates its share of the episodes (see `evaluate`).
     if args.checkpoint is not None:
@@ -62,13 +101,10 @@ def _eval(argv: list[str] | None) -> int:
         policy = make_policy(policy_cfg).to(device)
     set_seed(cfg.seed)
     env_cfg = env_config(cfg)
-    if out_dir is None:
-        now = distributed.on_main(dt.datetime.now)  # one name for all processes
-        out_dir = (
-            Path("outputs/eval")
-            / now.strftime("%Y-%m-%d")
-            / f"{now:%H-%M-%S}_{env_cfg.name}_{cfg.policy.name}"
-        )
+    if out_dir is None:  # one name for all processes
+        out_dir = distributed.on_main(lambda: _default_output_dir(env_cfg.name, cfg.policy.name))
+    elif args.overwrite and distributed.is_main():
+        remove_evaluation(out_dir)
     info = evaluate(cfg, policy, Path(out_dir), progress=True)
     if not distributed.is_main():
         return 0

@@ -1,16 +1,37 @@
-"""How a command ends: errors a user can fix as one line and exit status 2, stops with their signal's code."""
+"""How a command ends: errors a user can fix as one line and exit status 2, stops with their signal's code.
+
+On N processes (torchrun) a process that fails says so in one line that starts with its rank (`error: rank 1:
+...`) and leaves word for the others (`distributed.report_failure`). The others, whose collectives then fail
+or time out, or whom torchrun stops with SIGTERM once a process has ended, say in one line which process
+failed or did not answer (`distributed.peer_failure`). All of them exit with status 2 (docs/distributed.md).
+"""
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import signal
 import sys
+import threading
 from collections.abc import Callable
 
 from lerobot import distributed
 from lerobot.errors import EXPECTED_ERRORS
 from lerobot.runtime.atomic import no_space_error
-from lerobot.runtime.signals import EXIT_CODES, StopAborted
+from lerobot.runtime.signals import EXIT_CODES, STOP_SIGNALS, StopAborted, ignore_stop_signals
+
+
+class _Terminated(BaseException):
+    """SIGTERM outside a training loop on N processes: how torchrun ends the others once one has ended."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise _Terminated(signum)
 
 
 def run_command(main: Callable[[list[str] | None], int], argv: list[str] | None) -> int:
@@ -21,30 +42,96 @@ def run_command(main: Callable[[list[str] | None], int], argv: list[str] | None)
         format="%(asctime)s %(levelname)s %(message)s",
         datefmt="%H:%M:%S",
     )
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    # The stop signals' handlers, restored on the way out (None: one not installed from Python, left alone).
+    handlers = {s: signal.getsignal(s) for s in STOP_SIGNALS} if in_main_thread else {}
+    handlers = {s: h for s, h in handlers.items() if h is not None}
+    if in_main_thread and distributed.world_size() > 1:
+        # A training loop installs its own handlers (a clean stop); elsewhere SIGTERM unwinds the command, so
+        # that a process that torchrun stops because another one failed can say so.
+        signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         return main(argv)
     except EXPECTED_ERRORS as e:
-        if distributed.is_main():
-            print(f"error: {e}", file=sys.stderr)
+        if distributed.raised_on_main(e):
+            return 2  # the main process's error, raised on every process: the main one says it
+        _ending(handlers)
+        print(f"error: {_rank()}{e}", file=sys.stderr)
+        distributed.report_failure(f"failed: {e}")
         return 2
     except StopAborted as e:
+        code = _peer_failed(e, handlers)
+        if code is not None:
+            return code
         print(
             f"stopped by {e} without saving (a later relaunch resumes from checkpoints/last)", file=sys.stderr
         )
         return EXIT_CODES[e.signum]
+    except _Terminated as e:
+        code = _peer_failed(e, handlers)
+        if code is not None:
+            return code
+        # A SIGTERM that no failure explains: end by it, as without the handler (nothing to save here).
+        distributed.shutdown()
+        signal.signal(e.signum, signal.SIG_DFL)
+        os.kill(os.getpid(), e.signum)
+        return 128 + e.signum
     except KeyboardInterrupt:
         # Outside training (evaluation, conversion): nothing to save; the env workers are already gone.
         print("interrupted (Ctrl-C)", file=sys.stderr)
         return EXIT_CODES[signal.SIGINT]
     except Exception as e:
+        code = _peer_failed(e, handlers)
+        if code is not None:
+            return code
+        _ending(handlers)
         full = no_space_error(e)
         if full is None:
+            distributed.report_failure(f"failed with an unexpected {type(e).__name__} (see its traceback)")
             raise
         # A full disk (or file size limit) anywhere else than in a checkpoint save, which says more itself.
         print(
-            f"error: {full.strerror} writing {full.filename or 'a file'}: free space and run again",
+            f"error: {_rank()}{full.strerror} writing {full.filename or 'a file'}: {_no_space_advice(full)}",
             file=sys.stderr,
         )
+        distributed.report_failure(f"failed: {full.strerror} writing {full.filename or 'a file'}")
         return 2
     finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
         distributed.shutdown()
+
+
+def _rank() -> str:
+    """The prefix of an error line that names the process on N processes (`rank 1: `)."""
+    return f"rank {distributed.rank()}: " if distributed.world_size() > 1 else ""
+
+
+def _ending(handlers: dict[int, object]) -> None:
+    """This process ends for a failure: on N processes it ignores stop signals from here on (torchrun sends
+    SIGTERM to every process once one has exited), so that they cut neither its line nor its exit status."""
+    if handlers and distributed.world_size() > 1:
+        ignore_stop_signals()
+        handlers.clear()  # not restored
+
+
+def _peer_failed(error: BaseException, handlers: dict[int, object]) -> int | None:
+    """Exit status 2, after one line saying which process failed or did not answer, when `error` comes from
+    another process (`distributed.peer_failure`); None when it does not."""
+    if not distributed.active():
+        return None
+    _ending(handlers)
+    reason = distributed.peer_failure(error)
+    if reason is None:
+        return None
+    print(f"error: {_rank()}{reason}", file=sys.stderr)
+    return 2
+
+
+def _no_space_advice(full: OSError) -> str:
+    """What to do about a write that failed for `full.errno` (ENOSPC, EDQUOT or EFBIG)."""
+    if full.errno == errno.EFBIG:
+        return "the file reached the file size limit: raise it (ulimit -f) or write elsewhere, and run again"
+    if full.errno == errno.EDQUOT:
+        return "the disk quota is full: free space (or raise the quota) and run again"
+    return "free space and run again"

@@ -41,13 +41,15 @@ def _train(argv: list[str] | None) -> int:
     with stop_on_signals() as stop:
         run_dir = train(cfg)
     if stop.stopped_at is not None:
+        # On N processes every one stopped at that step, for the signal of the lowest rank that got one.
         if distributed.is_main():
+            by = stop.received_by_text(distributed.world_size())
             print(
-                f"stopped by {stop.name} at step {stop.stopped_at}, checkpoint {latest_checkpoint(run_dir)}; "
-                "run the same command again to resume",
+                f"stopped by {stop.name}{by} at step {stop.stopped_at}, "
+                f"checkpoint {latest_checkpoint(run_dir)}; run the same command again to resume",
                 file=sys.stderr,
             )
-        return EXIT_CODES[stop.signum]
+        return EXIT_CODES[stop.stop_signum]
     if distributed.is_main():
         print(f"run directory: {run_dir}")
     return 0

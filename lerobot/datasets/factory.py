@@ -11,6 +11,7 @@ DataLoader (generator state, iterator position) needs to be saved: the checkpoin
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from lerobot.config import DatasetConfig, EnvConfig
 from lerobot.constants import ACTION
 from lerobot.datasets.episode_dataset import EpisodeDataset, collate_batch
+from lerobot.datasets.format import META_FILE, read_meta
 from lerobot.datasets.lerobot_import import LEROBOT_FORMAT, prepare_lerobot
 from lerobot.datasets.pusht_import import prepare_pusht
 from lerobot.errors import ConfigError
@@ -53,6 +55,32 @@ def import_dataset(dataset_cfg: DatasetConfig) -> Path:
             f"dataset.format={name!r} is unknown; expected one of {', '.join(sorted(IMPORTERS))}"
         )
     return importer(dataset_cfg)
+
+
+def dataset_fingerprint(dataset_cfg: DatasetConfig, root: Path | None = None) -> dict[str, Any]:
+    """What a run trains on, as recorded with each of its checkpoints and compared when it resumes.
+
+    `{"format", "episodes", "frames", "sha256", "source"}`: the importer (`dataset_format`), the episode and
+    frame counts of the whole converted dataset, the content hash its importer recorded at conversion
+    (`meta.json`'s `source.fingerprint`: PushT's episode boundaries, states and actions, a LeRobotDataset's
+    metadata and parquet files; never the path, so moved data keeps its fingerprint; a conversion without
+    one is hashed by its `meta.json`) and, for messages only, where the data came from.
+
+    Args:
+        dataset_cfg: the run's `dataset` section.
+        root: the converted dataset, when already imported (else `import_dataset` finds it).
+    """
+    root = import_dataset(dataset_cfg) if root is None else Path(root)
+    meta = read_meta(root)
+    source = meta.get("source", {})
+    sha256 = source.get("fingerprint") or hashlib.sha256((root / META_FILE).read_bytes()).hexdigest()
+    return {
+        "format": dataset_format(dataset_cfg),
+        "episodes": len(meta["episode_ends"]),
+        "frames": int(meta["num_frames"]),
+        "sha256": sha256,
+        "source": str(source.get("path", root)),
+    }
 
 
 def split_episodes(num_episodes: int, val_fraction: float, split_seed: int) -> tuple[list[int], list[int]]:

@@ -15,15 +15,16 @@ What is written (the layout LeRobot 0.4-0.6 reads; see `lerobot.datasets.lerobot
   video file indices, `dataset_{from,to}_index`, `videos/<key>/{from,to}_timestamp`, `stats/<key>/<stat>`).
 
 Statistics come exactly from the per-episode sums of the converted dataset. The directory is written beside
-`out_dir` and renamed into place at the end, so an interrupted export leaves nothing that looks finished.
+`out_dir` (`.<name>.tmp-*`, locked by its writer: `lerobot.runtime.atomic.TemporaryDir`) and renamed into
+place at the end, so an interrupted export leaves nothing that looks finished; the next export into the same
+`out_dir` deletes what a killed one left (and leaves a running one's alone).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
-import shutil
-import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from fractions import Fraction
@@ -52,7 +53,9 @@ from lerobot.datasets.lerobot_format import (
     VIDEO_PATH,
 )
 from lerobot.errors import DatasetError
-from lerobot.runtime.atomic import write_json
+from lerobot.runtime.atomic import TemporaryDir, remove_stale_temporary_dirs, write_json
+
+log = logging.getLogger(__name__)
 
 # LeRobot's default number of files per chunk directory and file size limits (written into info.json).
 CHUNKS_SIZE = 1000
@@ -194,6 +197,14 @@ def export_lerobot_dataset(
         DatasetError: `out_dir` exists (without `overwrite`), or a feature has a shape LeRobot cannot store.
     """
     src, out_dir = Path(converted_dir), Path(out_dir)
+    removed, freed = remove_stale_temporary_dirs(out_dir)
+    if removed:
+        log.info(
+            "removed %d unfinished export(s) of %s left by killed exports (%.1f MB)",
+            removed,
+            out_dir,
+            freed / 1e6,
+        )
     meta = read_meta(src)
     task = task or meta.get("name", "task")
     if out_dir.exists() and not overwrite:
@@ -219,9 +230,8 @@ def export_lerobot_dataset(
     file_of = np.arange(num_episodes) // per_file
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
+    with TemporaryDir(out_dir) as writing:
+        tmp = writing.path
         _write_data(tmp, arrays, numeric_keys, features, starts, ends, file_of, fps)
         for key in video_keys:
             for f in range(int(file_of[-1]) + 1):
@@ -261,11 +271,7 @@ def export_lerobot_dataset(
             "features": _info_features(features, video_keys, fps, encoding),
         }
         write_json(tmp / INFO_PATH, info, indent=1, fsync=True)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.rename(tmp, out_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        writing.install()
     return out_dir
 
 

@@ -4,7 +4,8 @@
 formats add next to the training state are covered as long as they are written before it) and flushes each
 one to disk. `verify_checksum(dir, name)` re-hashes one file before it is read and raises `ChecksumError`
 when the bytes differ from those that were saved. Checkpoints written before checksums existed have no
-`checksums.json`; their files are read unverified (with a warning).
+`checksums.json`; their files are read unverified (with a warning). A checkpoint written with checksums
+records that in its weights' header, and `lerobot.checkpoints.run` refuses it when the file is missing.
 """
 
 from __future__ import annotations

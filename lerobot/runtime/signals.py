@@ -6,7 +6,10 @@ boundary, saves a checkpoint and ends (`lerobot.training.update.TrainingLoop`). 
 checkpoint is being written therefore lets the write finish. An evaluation in progress is abandoned (it
 can take minutes; the resumed run redoes the evaluation of its first step when that one was due). A second
 Ctrl-C aborts at once; outside the loop (start-up, the final clean-up) a stop signal aborts at once too, as
-there is nothing to save.
+there is nothing to save. On N processes the loop exchanges every process's signal once per step: one that
+reached any of them stops all at the same step, and each records which signal and which ranks got it
+(`StopRequest.stopped`), so that the main process's stop line names them and every process exits with that
+signal's code.
 
 The handlers are installed by the command line (`stop_on_signals`, around the whole training call, before any
 worker process is forked, so forked workers inherit them and keep running until the main process stops
@@ -20,7 +23,7 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from types import FrameType
 
 log = logging.getLogger(__name__)
@@ -62,16 +65,34 @@ class StopRequest:
     """What the signal handlers recorded, and where the training loop stands with respect to them."""
 
     def __init__(self) -> None:
-        self.signum: int | None = None  # the first stop signal received while armed
-        self.stopped_at: int | None = None  # the step at which the loop stopped for it
+        self.signum: int | None = None  # the first stop signal this process received while armed
+        self.stopped_at: int | None = None  # the step at which the loop stopped for a stop signal
+        self.stop_signum: int | None = None  # the signal it stopped for (on N processes: maybe another's)
+        self.received_by: tuple[int, ...] = ()  # the ranks of the processes that received that signal
         self._armed = False  # a training loop runs and will act on `signum`
         self._in_eval = False  # ... and is evaluating
         self._pid = os.getpid()  # forked workers inherit the handler; only this process acts on it
 
     @property
     def name(self) -> str:
-        """The received signal's name (e.g. SIGTERM)."""
-        return signal.Signals(self.signum).name if self.signum is not None else ""
+        """The name (e.g. SIGTERM) of the signal the loop stopped for, else of the one this process got."""
+        signum = self.stop_signum if self.stop_signum is not None else self.signum
+        return signal.Signals(signum).name if signum is not None else ""
+
+    def stopped(self, step: int, signum: int, received_by: Sequence[int]) -> None:
+        """Record that the loop stops at `step` for `signum`, which the processes of ranks `received_by` got
+        (this one, or on N processes any of them: all stop at the same step)."""
+        self.stopped_at, self.stop_signum, self.received_by = step, signum, tuple(received_by)
+
+    def received_by_text(self, world_size: int) -> str:
+        """Which of the `world_size` processes received the signal, for a message (" (received by rank 1)");
+        empty on one process."""
+        if world_size <= 1 or not self.received_by:
+            return ""
+        if len(self.received_by) == world_size:
+            return f" (received by all {world_size} processes)"
+        ranks = ", ".join(map(str, self.received_by))
+        return f" (received by rank{'s' if len(self.received_by) > 1 else ''} {ranks})"
 
     @contextlib.contextmanager
     def armed(self) -> Iterator[None]:

@@ -11,7 +11,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from lerobot.runtime.atomic import atomic_write, write_text
+from lerobot.runtime.atomic import append_line, atomic_write, write_text
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +31,8 @@ class MetricsLogger:
     An existing file is read back: a line that is not valid JSON (the half-written last line of a process
     killed while appending) is dropped with a warning, and with `resume_step` set, records logged after that
     step (by the interrupted run, past its last checkpoint) are dropped, so the file holds one trajectory.
+    A full disk (or file size limit) while appending leaves the file as it was and raises an OSError naming
+    it.
     """
 
     def __init__(
@@ -78,9 +80,8 @@ class MetricsLogger:
         """Record `metrics` at `step` under `split` ("train" or "eval")."""
         record = {"step": int(step), "split": split, "time": time.time()}
         record.update({k: float(v) for k, v in metrics.items()})
+        append_line(self.path, json.dumps(record) + "\n")
         self.records.append(record)
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
         if self.wandb is not None:
             self.wandb.log({f"{split}/{k}": v for k, v in metrics.items()}, step=int(step))
         if split == "eval" or time.monotonic() - self._last_plot > self.plot_every_s:

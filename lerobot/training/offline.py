@@ -26,14 +26,14 @@ from lerobot.datasets import EpisodeDataset, cycle_batches, dataset_fingerprint,
 from lerobot.devices import resolve_device
 from lerobot.errors import ConfigError
 from lerobot.policies.config import PolicyConfig
-from lerobot.policies.factory import make_policy, make_policy_config
+from lerobot.policies.factory import make_policy
 from lerobot.policies.online_policy import OnlinePolicy
 from lerobot.policies.policy import Policy
 from lerobot.seeding import get_rng_state, set_rng_state, set_seed
-from lerobot.training.common import CpuPace, setup_run
 from lerobot.training.divergence import DivergenceGuard
+from lerobot.training.pace import CpuPace
 from lerobot.training.progress import TrainingLoop
-from lerobot.training.run_dir import check_training_data
+from lerobot.training.run_dir import check_training_data, setup_run
 from lerobot.training.update import TrainStep, to_device
 
 log = logging.getLogger(__name__)
@@ -125,10 +125,10 @@ def restore(ckpt_dir: Path, policy: Policy, update: TrainStep) -> tuple[int, dic
     return state["step"], state["rng"]
 
 
-def train_offline(cfg: DictConfig, progress: bool = True) -> Path:
-    """Train a policy on the demonstrations per `cfg`; return the run directory."""
+def train_offline(cfg: DictConfig, policy_cfg: PolicyConfig, progress: bool = True) -> Path:
+    """Train the policy of `policy_cfg` on the demonstrations per the run config `cfg`; return the run
+    directory."""
     env_cfg = env_config(cfg)
-    policy_cfg = make_policy_config(cfg.policy, env_cfg)
     batch_size = cfg.training.batch_size or policy_cfg.batch_size  # the global batch
     distributed.shard_size(batch_size)  # fails before any process waits for another
     device = distributed.init(resolve_device(cfg.device))

@@ -45,14 +45,14 @@ from lerobot.devices import resolve_device
 from lerobot.envs import make_env, observation_to_batch
 from lerobot.errors import ConfigError
 from lerobot.policies.config import PolicyConfig
-from lerobot.policies.factory import make_policy, make_policy_config
+from lerobot.policies.factory import make_policy
 from lerobot.policies.online_policy import OnlinePolicy
 from lerobot.rollout import act
 from lerobot.seeding import get_rng_state, set_rng_state, set_seed
-from lerobot.training.common import setup_run
 from lerobot.training.divergence import DivergenceGuard
 from lerobot.training.progress import TrainingLoop
 from lerobot.training.replay_buffer import ReplayBuffer, sample_mixed
+from lerobot.training.run_dir import check_training_data, setup_run
 from lerobot.training.update import TrainStep, to_device
 
 log = logging.getLogger(__name__)
@@ -361,10 +361,11 @@ def restore(
     return counts
 
 
-def train_online(cfg: DictConfig, progress: bool = True) -> Path:
+def train_online(cfg: DictConfig, policy_cfg: PolicyConfig, progress: bool = True) -> Path:
     """Train an `OnlinePolicy` (TD-MPC) as configured; return the run directory.
 
-    `cfg` is the validated root config. With `training.resume=true` and `output_dir` pointing at an earlier
+    `cfg` is the validated root config, `policy_cfg` its policy section built (`make_policy_config`).
+    With `training.resume=true` and `output_dir` pointing at an earlier
     run, continues from its last checkpoint: weights, optimiser, schedule, counters and random states, and the
     replay buffer when it was saved (`training.save_buffer`). Without a saved buffer, updates wait until
     `learning_starts` new transitions (collected by the restored policy) are in the buffer. Env states are not
@@ -373,7 +374,6 @@ def train_online(cfg: DictConfig, progress: bool = True) -> Path:
     run_dir, resume_from = setup_run(cfg)
     tcfg = cfg.training
     env_cfg = env_config(cfg)
-    policy_cfg = make_policy_config(cfg.policy, env_cfg)
     if tcfg.batch_size is not None:
         policy_cfg.batch_size = tcfg.batch_size
     if not 0.0 <= tcfg.offline_ratio <= 1.0:
@@ -385,9 +385,14 @@ def train_online(cfg: DictConfig, progress: bool = True) -> Path:
     schedule = UpdateSchedule.from_config(tcfg)
     update = TrainStep(policy, policy_cfg, tcfg, total_updates=schedule.count_updates(tcfg.steps))
     buffer = ReplayBuffer(tcfg.buffer_capacity, tcfg.n_envs, seed=cfg.seed)
-    demos = None
-    if tcfg.offline_ratio > 0:
+    demos, data = None, None
+    if tcfg.offline_ratio > 0:  # batches mix in demonstrations: a resume must read the checkpoint's
+        from lerobot.datasets import dataset_fingerprint
+
         demos = load_demonstrations(cfg, env_cfg, sorted(policy_cfg.input_features))
+        data = dataset_fingerprint(cfg.dataset)
+        if resume_from is not None:
+            check_training_data(resume_from, data, cfg)
     resumed = resume_from is not None
     counts = restore(resume_from, policy, update, schedule, buffer) if resume_from is not None else Counts()
     # Resumed without a saved buffer: no updates until it holds `learning_starts` transitions again.
@@ -433,7 +438,7 @@ def train_online(cfg: DictConfig, progress: bool = True) -> Path:
                 update.metrics.check_finite()  # never save or evaluate diverged weights
             if due.checkpoint:
                 state = checkpoint_state(update, schedule, counts, buffer if tcfg.save_buffer else None)
-                save_checkpoint(run_dir, counts.transitions, policy, cfg, state)
+                save_checkpoint(run_dir, counts.transitions, policy, cfg, state, data_fingerprint=data)
                 guard.saved(counts.transitions)
             if due.eval:
                 loop.evaluate(policy)

@@ -1,19 +1,11 @@
-"""Pieces both trainers and `scripts/eval.py` share: run directory, device, seeding, evaluation."""
+"""An early warning for CPU runs that would take far too long, naming the recipes sized for a CPU."""
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import time
-from pathlib import Path
 
 import torch
-from omegaconf import DictConfig
-
-from lerobot.checkpoints.run import remove_stale_temporaries
-from lerobot.errors import ConfigError
-from lerobot.runtime.lock import lock_run_dir, release_run_dir
-from lerobot.training.run_dir import resume_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -61,36 +53,3 @@ class CpuPace:
             warning = cpu_run_warning(step_s, self.steps_left - self.done)
             if warning is not None:
                 log.warning(warning)
-
-
-def setup_run(cfg: DictConfig) -> tuple[Path, Path | None]:
-    """Create (or find) the run directory and lock it; return it and the checkpoint to resume from, if any.
-
-    Without `output_dir` a new, timestamped directory is made (so nothing is resumed automatically). The
-    lock (`lerobot.training.run_dir`) is taken before anything is read or written (stale checkpoint
-    temporaries are cleared under it), and released when `lerobot.training.train` returns; `training.resume`
-    decides between resuming and a fresh start.
-    """
-    if cfg.output_dir is None:
-        if cfg.training.resume == "true":
-            raise ConfigError("training.resume=true needs output_dir=<run directory of the run to resume>")
-        now = dt.datetime.now()
-        cfg.output_dir = str(
-            Path("outputs/train")
-            / now.strftime("%Y-%m-%d")
-            / f"{now:%H-%M-%S}_{cfg.env.name}_{cfg.policy.name}"
-        )
-    run_dir = Path(cfg.output_dir)
-    lock_run_dir(run_dir)
-    try:
-        remove_stale_temporaries(
-            run_dir
-        )  # before looking for checkpoints: a complete one may be put in place
-        resume_from = resume_checkpoint(cfg, run_dir)
-    except BaseException:
-        release_run_dir(run_dir)
-        raise
-    log.info(
-        "run directory: %s (%s)", run_dir, f"resuming from {resume_from.name}" if resume_from else "new run"
-    )
-    return run_dir, resume_from

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -119,21 +120,37 @@ class TrainingLoop:
         before, self.step = self.step, self.step + n
         self._bar.update(n)
         # The one place the stop request is read, so that the step that saves is a step boundary. On N
-        # processes a signal that reached any of them stops all at this step (one flag exchanged per step).
-        if distributed.any_process(self.stop_requested):
+        # processes a signal that reached any of them stops all at this step: they exchange the signal each
+        # received (one number each per step) and stop for the lowest rank's.
+        received = distributed.stop_signals(self._stop.signum if self._stop is not None else None)
+        if received:
             self._stopping = True
-            signal_name = self._stop.name if self.stop_requested else "a stop signal of another process"
-            if self.stop_requested:
-                self._stop.stopped_at = self.step
-            log.warning("stopping at step %d for %s: saving a checkpoint", self.step, signal_name)
+            signum = received[min(received)]
+            received_by = [r for r, s in sorted(received.items()) if s == signum]
+            by = ""
+            if self._stop is not None:
+                self._stop.stopped(self.step, signum, received_by)
+                by = self._stop.received_by_text(distributed.world_size())
+            log.warning(
+                "stopping at step %d for %s%s: saving a checkpoint",
+                self.step,
+                signal.Signals(signum).name,
+                by,
+            )
         last = not self.running
-        return Due(
+        due = Due(
             log=last or _crossed(before, self.step, self.cfg.training.log_freq),
             checkpoint=last or _crossed(before, self.step, self.cfg.training.save_freq),
             eval=self.cfg.eval.freq > 0
             and not self._stopping
             and (last or _crossed(before, self.step, self.cfg.eval.freq)),
         )
+        # The next step's collectives fail after `training.collective_timeout_s` without the other processes
+        # (docs/distributed.md); after a checkpoint or an evaluation, which the main process writes while the
+        # others go on, they wait as long as at start-up.
+        timeout = None if due.checkpoint or due.eval else self.cfg.training.collective_timeout_s
+        distributed.set_collective_timeout(timeout)
+        return due
 
     def log(self, metrics: dict[str, float]) -> None:
         """Record training metrics at the current step and show the loss on the progress bar (main process)."""
