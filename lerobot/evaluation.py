@@ -51,11 +51,20 @@ def evaluate(cfg: DictConfig, policy: Policy, out_dir: Path, progress: bool = Fa
             videos_dir=Path(out_dir) / VIDEOS_DIR if main else None,
             progress=progress and main,
         )
+    video_error = part.pop("video_error", None) if part is not None else None
     parts = [(s, p) for s, p in distributed.gather((start, part)) if p is not None]
     info = parts[0][1] if len(parts) == 1 else merge_eval_parts(parts)
     info["config"] = OmegaConf.to_container(cfg, resolve=True)
     if main:
         write_json(Path(out_dir) / EVAL_INFO_FILE, info)
+    if video_error is not None:
+        # The figures are written (when they fit); the videos that did not fit were never put in place.
+        raise OSError(
+            video_error.errno,
+            video_error.strerror,
+            f"{video_error.filename} (the evaluation's figures are in {Path(out_dir) / EVAL_INFO_FILE}; "
+            "the videos that did not fit were not written)",
+        )
     return info
 
 

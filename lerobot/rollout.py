@@ -24,6 +24,7 @@ Exactness rules:
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -41,7 +42,7 @@ from lerobot.envs.faults import Watchdog, close_now, worker_call
 from lerobot.envs.observation import observation_to_batch
 from lerobot.errors import EnvWorkerError, NonFiniteActionError
 from lerobot.policies.policy import Policy
-from lerobot.runtime.atomic import atomic_write
+from lerobot.runtime.atomic import atomic_write, no_space_error
 
 # A reset (or render) that takes longer than this means a worker hangs; fail instead of waiting forever.
 # Steps wait without a timeout unless `eval_policy(step_timeout_s=...)` asks for one (which then bounds
@@ -142,20 +143,27 @@ def _render(
 def _write_video(path: Path, frames: list[np.ndarray], fps: int) -> Path:
     """Write the (H, W, 3) uint8 `frames` as the H.264 mp4 `path`, whole or not at all (`atomic_write`).
 
-    imageio's PyAV writer encodes in this process, so a failed write (a full disk) raises, at the latest in
-    `close`, which flushes the encoder and writes the file's index, and so before the rename. (imageio's
-    ffmpeg writer does not: it ignores its ffmpeg process's exit status, so a disk that fills up while the
-    index is written leaves a truncated video and no error.)
+    PyAV encodes in this process, so a failed write (a full disk) raises, at the latest in `close`, which
+    flushes the muxer and writes the file's index, and so before the rename. After a failure the container
+    is closed with its own errors suppressed: they repeat the first one, which is what propagates.
     """
-    import imageio.v2 as imageio
+    import av
+
+    height, width = frames[0].shape[:2]
 
     def write(tmp: Path) -> None:
-        writer = imageio.get_writer(tmp, format="pyav", codec="libx264", fps=fps, is_batch=False)
+        container = av.open(str(tmp), mode="w", format="mp4")
         try:
+            stream = container.add_stream("libx264", rate=fps)
+            stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
             for frame in frames:
-                writer.append_data(frame)
-        finally:
-            writer.close()
+                container.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
+            container.mux(stream.encode())  # flush the encoder
+        except BaseException:
+            with contextlib.suppress(Exception):
+                container.close()
+            raise
+        container.close()
 
     return atomic_write(path, write)
 
@@ -338,12 +346,21 @@ class _Videos:
                 path = self.dir / f"eval_episode_{episode}.mp4"
                 self.jobs.append(self.writer.submit(_write_video, path, self.frames.pop(episode), self.fps))
 
-    def close(self) -> list[str]:
-        """Wait for the writes; return the video paths in the order the episodes ended."""
-        paths = [str(job.result()) for job in self.jobs]
+    def close(self) -> tuple[list[str], OSError | None]:
+        """Wait for the writes; return the paths of the videos written, in the order the episodes ended, and
+        the error of the first write that a full disk stopped (None if none was): the evaluation's figures
+        are still worth writing then. Any other failure is raised."""
+        paths, full = [], None
+        for job in self.jobs:
+            try:
+                paths.append(str(job.result()))
+            except OSError as e:
+                if no_space_error(e) is None:
+                    raise
+                full = full or no_space_error(e)
         if self.writer is not None:
             self.writer.shutdown()
-        return paths
+        return paths, full
 
 
 def _reset_slots(
@@ -392,7 +409,8 @@ def eval_policy(
     "aggregated": {"avg_sum_reward", "avg_max_reward", "pc_success", their 95% intervals
     ("avg_max_reward_ci95_low/high", "pc_success_ci95_low/high", Wilson's for success), "n_episodes",
     "eval_s", "eval_ep_s", "env_steps", "env_steps_per_s", "slot_utilization"}, "video_paths": [...]}` with
-    episodes ordered by index.
+    episodes ordered by index, and `"video_error"` (the `OSError`) when a full disk stopped a video: that
+    video is not written, the others and the figures are.
     `slot_utilization` is busy env-steps / total env-steps (idle slots waiting for others count as waste).
     With an `AsyncVectorEnv`, a dead worker raises `EnvWorkerError` at once; a hung one does so after
     `step_timeout_s` if given (checking costs time every step; resets and renders wait at most
@@ -458,12 +476,15 @@ def eval_policy(
         bar.close()
         if watchdog is not None:
             watchdog.close()
-    video_paths = videos.close()
+    video_paths, video_error = videos.close()
     eval_s = time.perf_counter() - start_time
     per_episode = episodes.per_episode()
     slot_steps = episodes.vector_steps * num_envs
     aggregated = aggregate_episodes(per_episode, eval_s, episodes.busy_steps, slot_steps)
-    return {"per_episode": per_episode, "aggregated": aggregated, "video_paths": video_paths}
+    result = {"per_episode": per_episode, "aggregated": aggregated, "video_paths": video_paths}
+    if video_error is not None:
+        result["video_error"] = video_error
+    return result
 
 
 def aggregate_episodes(

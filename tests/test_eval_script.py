@@ -1,6 +1,8 @@
 """scripts/eval.py end to end on the baseline policies, and its one-line errors on bad input."""
 
 import json
+import resource
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -122,3 +124,32 @@ def test_checkpoint_save_is_atomic(tmp_path, monkeypatch):
     names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
     assert names == ["000000001", "last"]
     assert (tmp_path / "checkpoints" / "last").resolve().name == "000000001"
+
+
+def _video_sized_file_limit() -> None:
+    """In the child: a 20 kB file size limit (a 300-step PushT video is larger, eval_info.json smaller);
+    SIGXFSZ ignored, so that a write past it fails with EFBIG as on a full disk."""
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))
+
+
+def test_videos_on_a_full_disk_are_one_line_no_broken_file_and_the_figures_are_written(tmp_path):
+    out = tmp_path / "eval"
+    args = ["policy=random", "env=pusht_keypoints", "eval.n_episodes=2", "eval.batch_size=2"]
+    args += ["eval.max_episodes_rendered=2", "eval.use_async_envs=false", "--output-dir", str(out)]
+    result = subprocess.run(
+        [sys.executable, "scripts/eval.py", *args],
+        capture_output=True,
+        text=True,
+        preexec_fn=_video_sized_file_limit,
+        cwd=Path(__file__).resolve().parents[1],
+        timeout=300,
+    )
+    assert result.returncode == 2, result.stderr
+    errors = [line for line in result.stderr.splitlines() if "error" in line.lower() or "Exception" in line]
+    assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert "File too large writing" in errors[0] and "eval_episode_" in errors[0]
+    assert "the evaluation's figures are in" in errors[0]
+    info = json.loads((out / "eval_info.json").read_text())
+    assert len(info["per_episode"]) == 2
+    assert not list((out / "videos").iterdir())  # no video under its name, no temporary left
