@@ -362,13 +362,13 @@ def on_disk(ckpt: Path) -> int:
 @pytest.mark.parametrize("config", ["diffusion", "tdmpc"])
 def test_the_space_estimate_covers_what_a_save_writes(config, tmp_path, data_args, monkeypatch):  # noqa: F811
     estimates = []
-    real = checkpoint._checkpoint_bytes
+    real = checkpoint.checkpoint_bytes
 
     def record(*args, **kwargs):
         estimates.append(real(*args, **kwargs))
         return estimates[-1]
 
-    monkeypatch.setattr(checkpoint, "_checkpoint_bytes", record)
+    monkeypatch.setattr(checkpoint, "checkpoint_bytes", record)
     run = tmp_path / "run"
     if config == "diffusion":
         args = [*TINY, "env=pusht_keypoints", *data_args, "training.steps=2", "training.save_freq=2"]
@@ -389,7 +389,7 @@ from lerobot.errors import CheckpointError
 from test_checkpoint_faults import tiny_checkpoint
 mnt = pathlib.Path({mnt!r})
 os.system(f"mount -t tmpfs -o size=8m tmpfs {{mnt}}")
-real = checkpoint._checkpoint_bytes
+real = checkpoint.checkpoint_bytes
 
 def fill(*args, **kwargs):
     # Leave exactly the estimate free (less `short` bytes), as a disk filled by other writers would.
@@ -399,7 +399,7 @@ def fill(*args, **kwargs):
     assert shutil.disk_usage(mnt).free == needed - {short}
     return needed
 
-checkpoint._checkpoint_bytes = fill
+checkpoint.checkpoint_bytes = fill
 try:
     tiny_checkpoint(mnt / "run", 1)
     print("saved")
