@@ -108,9 +108,10 @@ def _rank() -> str:
 
 
 def _ending(handlers: dict[int, object]) -> None:
-    """This process ends for a failure: on N processes it ignores stop signals from here on (torchrun sends
-    SIGTERM to every process once one has exited), so that they cut neither its line nor its exit status."""
-    if handlers and distributed.world_size() > 1:
+    """This process ends for a failure: in a live process group it ignores stop signals from here on
+    (torchrun sends SIGTERM to every process once one has exited), so that they cut neither its line nor its
+    exit status. Without one (a library caller, a test) the handlers are restored as usual."""
+    if handlers and distributed.active():
         ignore_stop_signals()
         handlers.clear()  # not restored
 
