@@ -468,8 +468,8 @@ def decode_video_into(
     wanted, targets = np.asarray(timestamps, dtype=np.float64)[order], np.asarray(rows)[order]
     height, width = out.shape[2:]
     j, previous = 0, None
-    # One reformatter for the whole file keeps its conversion context: 2.5x faster than `to_ndarray(format=)`
-    # per frame, with identical pixels.
+    # One reformatter for the whole file keeps its conversion context instead of building one per frame
+    # (`to_ndarray(format=)`), with identical pixels.
     to_rgb = VideoReformatter()
     try:
         with av.open(str(path)) as container:

@@ -38,10 +38,9 @@ from torch import Tensor
 
 from lerobot.policies.tdmpc.networks import WorldModel, mlp_inference
 
-# Candidate rows (env x sequence) per block of the value rollout on one thread: with mlp_dim 256 a block's
-# hidden activation is 512 KB and the Q ensemble's (n_q=5) 2.6 MB. Measured on a 2-core Xeon, CPU recipe,
-# 50 envs (benchmarks/bench_tdmpc_eval.py --sweep): 512 to 1536 rows about equal, one block of all 6800
-# rows 15-20% slower, 256 rows 5-10% slower.
+# Candidate rows (env x sequence) per block of the value rollout on one thread: a block's activations stay in
+# the CPU's caches, which all rows at once do not (block sizes are compared by
+# `benchmarks/bench_tdmpc_eval.py --sweep`, docs/benchmarks.md).
 ROWS_PER_BLOCK = 512
 # Block sizes are multiples of this many rows: every vectorised elementwise op and reduction then has its
 # full-vector / scalar-tail split at the same rows as over all rows at once (AVX-512 kernels step 32 floats).
