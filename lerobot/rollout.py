@@ -386,7 +386,7 @@ def _reset_slots(
     mask = None if slots.size == env.num_envs else _mask(env.num_envs, slots)
     obs, _ = _reset(env, seeds, mask, timeout_s, watchdog)
     if begin.size:
-        policy.reset(begin)
+        policy.reset(begin, episode_seeds=[seeds[slot] for slot in begin])
         videos.start(episodes, begin)
     return obs
 

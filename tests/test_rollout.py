@@ -57,21 +57,37 @@ class EnsembleEchoPolicy(Policy):
         raise NotImplementedError
 
 
+class NoisyEchoPolicy(EchoSeedPolicy):
+    """Stochastic: the echo with Gaussian noise, drawn from each env's episode stream, added to its step, so an
+    episode's actions (and, through the env's action weight, its rewards) show which stream it drew from and in
+    what order. The seed it echoes stays exact (the env checks it)."""
+
+    def predict_action_chunk(self, batch):
+        generators = self.noise_generators()
+        assert generators is not None, "evaluation gives every env slot its episode's stream"
+        noise = torch.stack([torch.randn(self.n_action_steps, generator=g) for g in generators])
+        chunk = super().predict_action_chunk(batch)
+        chunk[..., 1] += noise.to(chunk.dtype)
+        return chunk
+
+
 # Policy kind -> (policy factory, env factory). The ensembling env adds action[1] to its rewards, so any
 # difference in an ensembled action shows in the per-episode results.
 KINDS = {
     "queue": (EchoSeedPolicy, make_toy),
     "ensemble": (EnsembleEchoPolicy, functools.partial(make_toy, action_weight=1e-3)),
+    "stream": (NoisyEchoPolicy, functools.partial(make_toy, action_weight=1e-3)),
 }
 
 
 def reference(make_single, policy: Policy, n_episodes: int, start_seed: int) -> list[dict]:
-    """One env, one episode at a time: the ground truth eval_policy must reproduce."""
+    """One env, one episode at a time, each drawing from its episode's stream: the ground truth eval_policy
+    must reproduce."""
     env = make_single()
     out = []
     for i in range(n_episodes):
         o, _ = env.reset(seed=start_seed + i)
-        policy.reset()
+        policy.reset(episode_seeds=[start_seed + i])
         rewards, total, success = [], 0.0, False
         while True:
             batch = observation_to_batch({k: v[None] for k, v in o.items()})
@@ -290,30 +306,35 @@ def test_pusht_policy_matches_reference(use_async):
 
 
 class RowwiseDiffusion(DiffusionPolicy):
-    """Diffusion Policy whose chunks are a function of each env's own observations: every row is denoised alone
+    """Diffusion Policy whose chunks are a function of each env's own observations and noise: every row is
+    denoised alone (batch-invariant arithmetic), from its episode's stream when evaluation gives one, else
     from the same seeded noise, so a row depends neither on the other rows nor on earlier calls."""
 
     def sample_actions(self, global_cond, generator=None):
         rows = []
-        for row in global_cond:
-            rows.append(super().sample_actions(row[None], torch.Generator().manual_seed(0)))
+        for i, row in enumerate(global_cond):
+            row_generator = generator[i] if isinstance(generator, list) else torch.Generator().manual_seed(0)
+            rows.append(super().sample_actions(row[None], row_generator))
         return torch.cat(rows)
 
 
-def _ensembling_diffusion(env_cfg) -> RowwiseDiffusion:
-    """A tiny untrained keypoint Diffusion Policy (2 observation steps, chunks of 7 actions from now) executing
-    one action per step with temporal ensembling; statistics from the features' bounds."""
+def _tiny_diffusion(env_cfg, policy_class=DiffusionPolicy, **overrides) -> DiffusionPolicy:
+    """A tiny untrained keypoint Diffusion Policy (2 observation steps, chunks of 7 actions from now), by
+    default executing one action per step with temporal ensembling, DDIM 2; statistics from the features'
+    bounds."""
+    settings = {
+        "n_action_steps": 1,
+        "horizon": 8,
+        "temporal_ensemble_coeff": 0.05,
+        "down_dims": [16, 32],
+        "diffusion_step_embed_dim": 8,
+        "n_groups": 4,
+        "inference_scheduler": "DDIM",
+        "num_inference_steps": 2,
+        **overrides,
+    }
     config = DiffusionConfig(
-        input_features=env_cfg.input_features(),
-        output_features=env_cfg.output_features(),
-        n_action_steps=1,
-        horizon=8,
-        temporal_ensemble_coeff=0.05,
-        down_dims=[16, 32],
-        diffusion_step_embed_dim=8,
-        n_groups=4,
-        inference_scheduler="DDIM",
-        num_inference_steps=2,
+        input_features=env_cfg.input_features(), output_features=env_cfg.output_features(), **settings
     )
     stats = {
         key: {
@@ -323,7 +344,7 @@ def _ensembling_diffusion(env_cfg) -> RowwiseDiffusion:
         for key, feature in env_cfg.features.items()
     }
     torch.manual_seed(0)
-    return RowwiseDiffusion(config, dataset_stats=stats).eval()
+    return policy_class(config, dataset_stats=stats).eval()
 
 
 # Under ensembling every step predicts, so refill_aligned begins episodes at once, as refill does.
@@ -335,7 +356,7 @@ def test_ensembling_diffusion_matches_reference(use_async, schedule):
     """Diffusion Policy with n_action_steps=1 and temporal ensembling: each episode over 1, 3, 4 or 5 envs gets
     what it gets alone (the rewards to 1e-12, as gym-pusht's own, see above)."""
     env_cfg = _pusht_env_cfg("pusht_keypoints", 20)
-    policy = _ensembling_diffusion(env_cfg)
+    policy = _tiny_diffusion(env_cfg, RowwiseDiffusion)
     want = reference(functools.partial(make_single_env, env_cfg), policy, 5, 200)
     for num_envs in (1, 3, 4, 5):
         env = make_env(env_cfg, num_envs, use_async=use_async)
@@ -349,6 +370,66 @@ def test_ensembling_diffusion_matches_reference(use_async, schedule):
         for g, w in zip(got, want):
             for key in ("sum_reward", "max_reward"):
                 assert g[key] == pytest.approx(w[key], rel=1e-12, abs=1e-12), f"num_envs={num_envs}"
+
+
+# DDPM draws noise at every denoising step too; chunk queuing (4 of 7 actions) makes episodes predict at their
+# own phases, so slots of one batch are at different draws of their streams.
+@pytest.mark.parametrize(
+    "use_async,schedule", [(False, "refill"), (False, "refill_aligned"), (False, "batch"), (True, "refill")]
+)
+def test_stochastic_diffusion_episodes_do_not_depend_on_the_layout(use_async, schedule):
+    """Diffusion Policy sampling with DDPM from its episodes' streams, with batch-invariant arithmetic (each
+    row denoised alone): each episode over 1, 3 or 5 envs gets exactly what it gets alone."""
+    env_cfg = _pusht_env_cfg("pusht_keypoints", 20)
+    policy = _tiny_diffusion(
+        env_cfg,
+        RowwiseDiffusion,
+        n_action_steps=4,
+        temporal_ensemble_coeff=None,
+        inference_scheduler="DDPM",
+        num_inference_steps=3,
+    )
+    want = reference(functools.partial(make_single_env, env_cfg), policy, 5, 300)
+    make_single = functools.partial(make_single_env, env_cfg)
+    # An episode's stream is keyed by its seed: the same episodes in an evaluation that starts later.
+    assert reference(make_single, policy, 4, 301) == want[1:]
+    # And the streams matter: the same noise for every chunk gives other episodes.
+    policy.generator = torch.Generator()
+    assert reference(make_single, policy, 5, 300) != want
+    policy.generator = None
+    for num_envs in (1, 3, 5):
+        env = make_env(env_cfg, num_envs, use_async=use_async)
+        try:
+            got = strip(
+                eval_policy(env, policy, 5, start_seed=300, progress=False, schedule=schedule)["per_episode"]
+            )
+        finally:
+            env.close()
+        assert [(e["n_steps"], e["success"]) for e in got] == [(e["n_steps"], e["success"]) for e in want]
+        for g, w in zip(got, want):
+            for key in ("sum_reward", "max_reward"):
+                assert g[key] == pytest.approx(w[key], rel=1e-12, abs=1e-12), f"num_envs={num_envs}"
+
+
+def test_diffusion_rows_draw_from_their_own_streams_in_any_batch():
+    """Plain (batched) Diffusion Policy: a row's noise comes from its generator alone, so its chunk in a batch
+    of 3 is its chunk alone up to float rounding, and another stream gives another chunk."""
+    env_cfg = _pusht_env_cfg("pusht_keypoints", 20)
+    policy = _tiny_diffusion(env_cfg, temporal_ensemble_coeff=None, inference_scheduler="DDPM")
+    torch.manual_seed(1)
+    batch = {
+        "observation.state": torch.rand(3, 2, 2) * 512,
+        "observation.environment_state": torch.rand(3, 2, 16) * 512,
+    }
+
+    def streams(*seeds):
+        return [torch.Generator().manual_seed(s) for s in seeds]
+
+    together = policy.predict_action_chunk(batch, streams(5, 6, 7))
+    alone = policy.predict_action_chunk({k: v[1:2] for k, v in batch.items()}, streams(6))
+    torch.testing.assert_close(together[1:2], alone, rtol=1e-4, atol=1e-3)
+    other = policy.predict_action_chunk({k: v[1:2] for k, v in batch.items()}, streams(8))
+    assert (other - alone).abs().max() > 1.0  # actions in pixels: other noise, another chunk
 
 
 def test_observation_batch_shapes_and_ranges():

@@ -236,6 +236,25 @@ def test_batch_composition_does_not_change_an_env(one_thread):
         torch.testing.assert_close(a2, a4[[2, 0]], rtol=1e-4, atol=1e-3)
 
 
+def test_episode_streams_replace_the_slot_seeds(one_thread):
+    """Given episode streams (`reset(..., episode_seeds=...)`, as evaluation does), an env's plans follow its
+    episode's seed, not its slot: the episode of seed 8 plans the same in slot 2 of 3 as in slot 0 alone,
+    and a slot's own planner seed no longer matters."""
+    obs_seq = [observations(3, seed=s) for s in range(3)]
+    three = make_policy(**ROWS64)
+    three.reset(episode_seeds=[6, 7, 8])
+    alone = make_policy(**ROWS64)
+    alone.set_noise_seed(99)
+    alone.reset(episode_seeds=[8])
+    for obs in obs_seq:
+        a3 = three.select_action(obs)
+        a1 = alone.select_action({k: v[2:] for k, v in obs.items()})
+        torch.testing.assert_close(a1, a3[2:], rtol=1e-4, atol=1e-3)
+    other = make_policy(**ROWS64)
+    other.reset(episode_seeds=[9])
+    assert not torch.allclose(other.select_action({k: v[2:] for k, v in obs_seq[0].items()}), a1)
+
+
 def test_blocked_values_are_bit_identical(one_thread, monkeypatch):
     """Candidate values computed in blocks == all rows at once == the model's modules on the whole batch (to
     float rounding: row blocking may change a BLAS kernel's choice on other CPUs)."""

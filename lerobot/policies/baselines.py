@@ -84,7 +84,8 @@ class RandomConfig(BaselineConfig):
 
 
 class RandomPolicy(Policy):
-    """Samples actions uniformly in the action bounds from its own seeded generator."""
+    """Samples actions uniformly in the action bounds: from each env's episode stream when it has one
+    (`Policy.noise_generators`), else from its own seeded generator."""
 
     def __init__(self, config: RandomConfig, dataset_stats: dict | None = None):
         super().__init__(
@@ -113,7 +114,12 @@ class RandomPolicy(Policy):
     def predict_action_chunk(self, batch: dict[str, Tensor]) -> Tensor:
         """(B, n_action_steps, action_dim) uniform actions."""
         batch_size = next(iter(batch.values())).shape[0]
-        actions = self.rng.random((batch_size, self.n_action_steps, len(self.low_np)), dtype=np.float32)
+        shape = (self.n_action_steps, len(self.low_np))
+        generators = self.noise_generators()
+        if generators is None:
+            actions = self.rng.random((batch_size, *shape), dtype=np.float32)
+        else:  # each env's episode stream (evaluation)
+            actions = torch.stack([torch.rand(shape, generator=g) for g in generators]).numpy()
         actions *= self.span_np
         actions += self.low_np
         chunk = torch.from_numpy(actions)

@@ -57,6 +57,14 @@ class Policy(nn.Module, abc.ABC):
     values trust older predictions more). The mean is updated online, per env slot, with LeRobot's
     `ACTTemporalEnsembler` arithmetic (see `_select_ensembled_action`).
 
+    Episode streams: `reset(env_ids, episode_seeds=...)` gives each of those slots a random stream of its
+    own, a `torch.Generator` seeded from the episode's seed alone (`episode_stream`). A policy that draws
+    while acting takes its draws from `noise_generators()` (one generator per row of the chunk batch), so
+    the k-th draw of an episode is the same whichever slot runs it, whichever episodes share its batch and
+    however many processes evaluate: an episode's actions depend on its own observations and seed only.
+    Without episode seeds (a caller of `select_action` that gives none), `noise_generators()` is None and
+    the policy draws from the global stream.
+
     To implement: `predict_action_chunk` and `forward`. Optional: `on_reset` for per-env state of the
     subclass (read `chunk_env_ids` in `predict_action_chunk` to know which env slots its rows are), and
     `optimizer_param_groups` for per-group optimizer settings.
@@ -141,17 +149,27 @@ class Policy(nn.Module, abc.ABC):
         """During `predict_action_chunk`: the env slots (LongTensor) its batch rows are; None for all envs."""
         return self._acting.chunk_env_ids
 
-    def reset(self, env_ids: Sequence[int] | Tensor | np.ndarray | None = None) -> None:
-        """Clear observation history and action queue, for all envs (`None`) or only for `env_ids`."""
+    def reset(
+        self,
+        env_ids: Sequence[int] | Tensor | np.ndarray | None = None,
+        episode_seeds: Sequence[int] | None = None,
+    ) -> None:
+        """Clear observation history and action queue, for all envs (`None`) or only for `env_ids`.
+
+        `episode_seeds`, one per slot of `env_ids` (of slots 0, 1, ... when `env_ids` is None): the seeds of
+        the episodes these slots begin; each slot then draws from its episode's stream (see the class
+        docstring). A full reset without them forgets every stream."""
         if env_ids is None:
             self._acting = _ActingState(deque(maxlen=self.n_obs_steps))
             self.on_reset(None)
+            if episode_seeds is not None:
+                self._set_streams(np.arange(len(episode_seeds)), episode_seeds)
             return
         state = self._acting
-        if state.batch_size == 0:  # no env has acted yet: nothing to clear
-            return
         ids = np.asarray(env_ids.cpu() if isinstance(env_ids, Tensor) else env_ids, dtype=np.int64)
-        if ids.size == 0:
+        if episode_seeds is not None:
+            self._set_streams(ids, episode_seeds)
+        if state.batch_size == 0 or ids.size == 0:  # no env has acted yet, or none to clear
             return
         state.first_step[ids] = state.step
         state.chunk_step[ids] = _NO_CHUNK
@@ -160,6 +178,23 @@ class Policy(nn.Module, abc.ABC):
         if state.ensemble_count is not None:
             state.ensemble_count[ids] = 0  # their running means start over with the next chunk
         self.on_reset(torch.from_numpy(ids))
+
+    def _set_streams(self, ids: np.ndarray, episode_seeds: Sequence[int]) -> None:
+        if len(episode_seeds) != ids.size:
+            raise ValueError(f"reset got {len(episode_seeds)} episode seeds for {ids.size} env slots")
+        for slot, seed in zip(ids.tolist(), episode_seeds, strict=True):
+            self._acting.streams[slot] = episode_stream(int(seed))
+
+    def noise_generators(self) -> list[torch.Generator] | None:
+        """During `predict_action_chunk` called by `select_action`: one CPU generator per row of its batch,
+        the stream of the episode that row's env slot runs (draw from them in a fixed order, row by row,
+        e.g. with diffusers' `randn_tensor`); None when some row's slot has none, or outside a
+        `select_action`: draw from the global stream then."""
+        state = self._acting
+        if state.chunk_rows is None or not state.streams:
+            return None
+        generators = [state.streams.get(slot) for slot in state.chunk_rows.tolist()]
+        return None if None in generators else generators
 
     def steps_until_chunk(self) -> int:
         """How many `select_action` calls only pop queued actions before one predicts a chunk (0: the next).
@@ -203,8 +238,10 @@ class Policy(nn.Module, abc.ABC):
             )
         batch_size = next(iter(obs.values())).shape[0]
         if batch_size != state.batch_size or (state.history and state.history[-1].keys() != obs.keys()):
+            streams = state.streams  # given by resets before this first step: they stay
             self.reset()
             state = self._acting
+            state.streams = streams
             state.batch_size = batch_size
             state.first_step = np.zeros(batch_size, dtype=np.int64)
             state.chunk_step = np.full(batch_size, _NO_CHUNK, dtype=np.int64)
@@ -216,10 +253,11 @@ class Policy(nn.Module, abc.ABC):
         history = self._stacked_history(state, ids)
         device = next(iter(history.values())).device
         state.chunk_env_ids = None if ids.size == state.batch_size else torch.from_numpy(ids).to(device)
+        state.chunk_rows = ids
         try:
             chunk = self.predict_action_chunk(history)
         finally:
-            state.chunk_env_ids = None
+            state.chunk_env_ids = state.chunk_rows = None
         if chunk.ndim != 3 or chunk.shape[0] != ids.size or chunk.shape[1] < self.n_action_steps:
             raise ValueError(
                 f"{type(self).__name__}.predict_action_chunk returned shape {tuple(chunk.shape)}; expected "
@@ -268,7 +306,11 @@ class Policy(nn.Module, abc.ABC):
         state = self._acting
         ids = np.arange(state.batch_size)
         history = self._stacked_history(state, ids)
-        chunk = self.predict_action_chunk(history)
+        state.chunk_rows = ids
+        try:
+            chunk = self.predict_action_chunk(history)
+        finally:
+            state.chunk_rows = None
         if chunk.ndim != 3 or chunk.shape[0] != state.batch_size:
             raise ValueError(
                 f"{type(self).__name__}.predict_action_chunk returned shape {tuple(chunk.shape)}; expected "
@@ -333,6 +375,19 @@ def _checkpoints() -> ModuleType:
     return importlib.import_module("lerobot.checkpoints")
 
 
+# Mixed into every episode stream's seed, so that a stream never equals the env's own reset stream (which the
+# same integer seeds) nor a stream seeded with that integer elsewhere.
+_STREAM_KEY = 0x5EED_AC75
+
+
+def episode_stream(episode_seed: int) -> torch.Generator:
+    """The random stream of the episode with seed `episode_seed`: a CPU `torch.Generator` whose state
+    depends on that seed only (hashed with `numpy.random.SeedSequence`, so nearby seeds give unrelated
+    streams)."""
+    state = np.random.SeedSequence([episode_seed, _STREAM_KEY]).generate_state(1, np.uint64)[0]
+    return torch.Generator().manual_seed(int(state))
+
+
 # `chunk_step` of an env with an empty queue: far enough in the past that its queue reads as used up.
 _NO_CHUNK = -(2**40)
 
@@ -354,6 +409,8 @@ class _ActingState:
     refill_step: int = 0  # first step at which some env's queue is used up
     aligned_step: int | None = None  # the chunk step all envs share, when they share one
     chunk_env_ids: Tensor | None = None  # see `Policy.chunk_env_ids`
+    chunk_rows: np.ndarray | None = None  # during predict_action_chunk: the env slots of its rows
+    streams: dict[int, torch.Generator] = field(default_factory=dict)  # env slot -> its episode's stream
     # Temporal ensembling only: running means (B, T-1, action_dim) of the next T-1 steps' actions, and how
     # many predictions each holds (B, T-1), 0 for an env that has none yet (reset).
     ensemble: np.ndarray | None = None

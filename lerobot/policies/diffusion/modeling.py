@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping
 import einops
 import torch
 from diffusers import DDIMScheduler, DDPMScheduler
+from diffusers.utils.torch_utils import randn_tensor
 from torch import Tensor, nn
 
 from lerobot.constants import ACTION_IS_PAD, LOSS_COUNT, TRAINING_NOISE_PREFIX
@@ -252,22 +253,21 @@ class DiffusionPolicy(Policy):
         return self._inference_schedulers[name]
 
     @torch.no_grad()
-    def sample_actions(self, global_cond: Tensor, generator: torch.Generator | None = None) -> Tensor:
+    def sample_actions(
+        self, global_cond: Tensor, generator: torch.Generator | list[torch.Generator] | None = None
+    ) -> Tensor:
         """Denoise Gaussian noise into normalized actions `(B, horizon, A)` given `global_cond` `(B, G)`.
 
         Uses `config.inference_scheduler` with `config.num_inference_steps` (None: num_train_timesteps) and
         the U-Net's `condition` / `denoise`. The noise, the sample and the scheduler's arithmetic are fp32
-        whatever the U-Net computes in, so the same generator gives the same noise."""
+        whatever the U-Net computes in, so the same generator gives the same noise. `generator` may be a
+        list of B generators, one per row: row b's initial and DDPM noise then come from generator b alone."""
         scheduler = self.inference_noise_scheduler
         num_steps = self.config.num_inference_steps or self.config.num_train_timesteps
         device = global_cond.device
-        # Draw on the generator's device (a CPU generator can seed a CUDA run), then move.
-        sample = torch.randn(
-            (global_cond.shape[0], self.config.horizon, self.config.action_dim),
-            generator=generator,
-            device=generator.device if generator is not None else device,
-            dtype=torch.float32,
-        ).to(device)
+        # Drawn on the generators' device (a CPU generator can seed a CUDA run), then moved.
+        shape = (global_cond.shape[0], self.config.horizon, self.config.action_dim)
+        sample = randn_tensor(shape, generator=generator, device=device, dtype=torch.float32)
         scheduler.set_timesteps(num_steps)
         timesteps = scheduler.timesteps  # a CPU tensor: reading a step costs no device sync
         conditioning = self.unet.condition(global_cond, timesteps)
@@ -282,19 +282,22 @@ class DiffusionPolicy(Policy):
 
     @torch.no_grad()
     def predict_action_chunk(
-        self, batch: dict[str, Tensor], generator: torch.Generator | None = None
+        self, batch: dict[str, Tensor], generator: torch.Generator | list[torch.Generator] | None = None
     ) -> Tensor:
         """Actions from the current step on, `(B, horizon - n_obs_steps + 1, A)`, in the data's units.
 
         Args:
             batch: observations `(B, n_obs_steps, ...)` (oldest first, the last one is "now").
-            generator: seeds the initial noise and the DDPM noise; defaults to `self.generator`.
+            generator: seeds the initial noise and the DDPM noise; defaults to `self.generator`, then to
+                the rows' episode streams (`noise_generators`, during `select_action`), then to the
+                global stream.
 
         The denoised horizon starts at the first observation step; index `n_obs_steps - 1` is the current
         step and is returned as index 0 (see the module docstring).
         """
         self._check_obs(batch)
-        generator = generator if generator is not None else self.generator
+        if generator is None:
+            generator = self.generator if self.generator is not None else self.noise_generators()
         batch = self.normalize_inputs(batch)
         global_cond = self.global_conditioning(batch)
         actions = self.sample_actions(global_cond.float(), generator)

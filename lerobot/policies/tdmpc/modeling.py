@@ -115,7 +115,9 @@ class TDMPCPolicy(OnlinePolicy):
         obs = {k: batch[k][:, -1] for k in self.obs_keys}
         z = self.model.encode(self.encode_observation(obs))
         if self.config.use_mpc:
-            actions = self.planner.plan(self.model, z, explore=self.explore, env_ids=self.chunk_env_ids)
+            actions = self.planner.plan(
+                self.model, z, self.explore, self.chunk_env_ids, self.noise_generators()
+            )
         else:
             actions = self._policy_rollout(z)
         return self.normalizer.unnormalize(self.action_key, actions)

@@ -3,9 +3,10 @@
 One planning call for B envs evaluates B x (num_samples + num_pi_trajs) action sequences in a single batched
 latent rollout per iteration; there is no Python loop over envs in the computation.
 
-Noise and batch independence: every env slot b owns a `torch.Generator` (seeded `seed_b`), and all the random
-numbers a planning call needs for that env (sampling noise of every iteration, policy-trajectory noise,
-the elite draw and the exploration noise) are drawn from that generator alone, in a fixed order. So the plan
+Noise and batch independence: every env slot b owns a `torch.Generator` (seeded `seed_b`), or is handed one
+per call (its episode's stream, during evaluation), and all the random numbers a planning call needs for that
+env (sampling noise of every iteration, policy-trajectory noise, the elite draw and the exploration noise) are
+drawn from that generator alone, in a fixed order. So the plan
 env b gets depends only on its own observation, its own previous plan and its own seed: planning B envs
 together gives each env what planning it alone with the same seed would. Bit for bit when N = num_samples +
 num_pi_trajs is a multiple of `ROW_ALIGN` and at least `MIN_BLOCK_ROWS` (tested); otherwise up to float
@@ -116,21 +117,30 @@ class MPPIPlanner:
         self._prev_mean = torch.zeros(batch_size, self.s.horizon, self.action_dim, device=device)
         self._has_prev = torch.zeros(batch_size, dtype=torch.bool, device=device)
 
-    def _draw_noise(self, env_ids: Tensor, device: torch.device) -> tuple[Tensor, Tensor]:
-        """Per-env Gaussian (B, n_gauss) and uniform (B, num_elites) numbers, each env from its own generator."""
+    def _draw_noise(
+        self, env_ids: Tensor, device: torch.device, generators: Sequence[torch.Generator] | None
+    ) -> tuple[Tensor, Tensor]:
+        """Per-env Gaussian (B, n_gauss) and uniform (B, num_elites) numbers, each row from its own generator:
+        `generators[row]` when given, else the slot's own."""
         s, a_dim = self.s, self.action_dim
         n_gauss = (s.iterations * s.num_samples + s.num_pi_trajs + 1) * s.horizon * a_dim
+        if generators is None:
+            generators = [self._generators[b] for b in env_ids.tolist()]
         gauss, unif = [], []
-        for b in env_ids.tolist():
-            g = self._generators[b]
-            gauss.append(torch.randn(n_gauss, generator=g, device=device))
-            unif.append(torch.rand(s.num_elites, generator=g, device=device))
-        return torch.stack(gauss), torch.stack(unif)
+        for g in generators:  # drawn on each generator's device (a CPU stream may serve a CUDA plan)
+            gauss.append(torch.randn(n_gauss, generator=g, device=g.device))
+            unif.append(torch.rand(s.num_elites, generator=g, device=g.device))
+        return torch.stack(gauss).to(device), torch.stack(unif).to(device)
 
     # ----------------------------------------------------------------- planning
     @torch.no_grad()
     def plan(
-        self, model: WorldModel, z: Tensor, explore: bool = False, env_ids: Tensor | None = None
+        self,
+        model: WorldModel,
+        z: Tensor,
+        explore: bool = False,
+        env_ids: Tensor | None = None,
+        generators: Sequence[torch.Generator] | None = None,
     ) -> Tensor:
         """Plan action sequences (B, H, A) in [-1, 1] from latents z (B, L).
 
@@ -139,6 +149,8 @@ class MPPIPlanner:
             z: encoded current observations, one row per env being planned for.
             explore: add the final std times Gaussian noise to the first action (data collection).
             env_ids: which env slots the rows of z are (a subset refill); None means rows 0..B-1 are all slots.
+            generators: one per row of z, drawing that row's noise instead of its slot's generator (the
+                episode streams of `Policy.noise_generators`).
         """
         s, device = self.s, z.device
         batch_size = z.shape[0]
@@ -156,7 +168,7 @@ class MPPIPlanner:
             self.action_dim,
         )
 
-        gauss, unif = self._draw_noise(env_ids, device)
+        gauss, unif = self._draw_noise(env_ids, device, generators)
         n_iter_noise = s.iterations * n_s * horizon * a_dim
         n_pi_noise = n_pi * horizon * a_dim
         eps_samples = rearrange(
