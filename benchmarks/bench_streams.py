@@ -40,12 +40,12 @@ def measure(model: str, batch: int, repeats: int) -> dict:
     seeds = range(100_000, 100_000 + batch)
     one_ms, rows_ms, draw_one_us, draw_rows_us, make_us = [], [], [], [], []
     policy.predict_action_chunk(obs, torch.Generator().manual_seed(0))  # warm-up
+    streams = [episode_stream(s) for s in seeds]
+    generator = torch.Generator().manual_seed(0)
     for _ in range(repeats):  # alternating, so that both see the same machine
-        one_ms.append(_ms(lambda: policy.predict_action_chunk(obs, torch.Generator().manual_seed(0))))
-        streams = [episode_stream(s) for s in seeds]
+        one_ms.append(_ms(lambda: policy.predict_action_chunk(obs, generator)))
         rows_ms.append(_ms(lambda: policy.predict_action_chunk(obs, streams)))
         make_us.append(1e3 * _ms(lambda: [episode_stream(s) for s in seeds]))
-        generator = torch.Generator().manual_seed(0)
         draw_one_us.append(1e3 * _ms(lambda: randn_tensor(shape, generator=generator, dtype=torch.float32)))
         draw_rows_us.append(1e3 * _ms(lambda: randn_tensor(shape, generator=streams, dtype=torch.float32)))
     chunk_one, chunk_rows = statistics.median(one_ms), statistics.median(rows_ms)

@@ -8,8 +8,8 @@ from omegaconf import OmegaConf
 from lerobot.cli import compose_config
 from lerobot.config import CONFIG_DIR, env_config, validate_config
 from lerobot.constants import OBS_STATE
-from lerobot.errors import ConfigError
 from lerobot.envs import make_env
+from lerobot.errors import ConfigError
 from lerobot.policies.factory import make_policy, make_policy_config
 from lerobot.rollout import eval_policy
 
@@ -55,7 +55,9 @@ def test_random_policy_evaluations_do_not_depend_on_the_layout(random_policy):
     for num_envs, schedule in ((1, "refill"), (3, "refill"), (3, "batch")):
         env = make_env(env_cfg, num_envs)
         try:
-            results.append(eval_policy(env, random_policy, 4, start_seed=7, progress=False, schedule=schedule))
+            results.append(
+                eval_policy(env, random_policy, 4, start_seed=7, progress=False, schedule=schedule)
+            )
         finally:
             env.close()
     # Rewards to 1e-12: gym-pusht's last bit depends on what ran before in the process (test_rollout).
