@@ -168,6 +168,10 @@ class EvalConfig:
     # When a slot whose episode ended starts the next one: refill_aligned (at the other slots' next chunk
     # step, so chunk predictions stay batched), refill (at once) or batch (fixed batches). Same episodes.
     schedule: str = "refill_aligned"
+    # A directory to write the evaluated episodes into, as a LeRobotDataset v3.0 (observations, actions,
+    # rewards, success and done flags, episode seeds; cameras as videos): `dataset.repo_id=<any name>
+    # dataset.root=<it>` trains on it. It must not exist yet; null records nothing (docs/evaluation.md).
+    record_dataset: str | None = None
 
 
 # What `inference.dtype` accepts (the torch dtypes of the same names).

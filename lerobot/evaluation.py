@@ -6,6 +6,7 @@ whether one is there already, `remove_evaluation` deletes it); nothing else of t
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 from pathlib import Path
@@ -17,10 +18,12 @@ from lerobot import distributed
 from lerobot.accel import accelerated
 from lerobot.config import env_config
 from lerobot.constants import EVAL_INFO_FILE
+from lerobot.datasets.recording import EpisodeRecorder
 from lerobot.envs import make_env, resolve_use_async
+from lerobot.errors import ConfigError
 from lerobot.policies.policy import Policy
 from lerobot.rollout import aggregate_episodes, eval_policy
-from lerobot.runtime.atomic import write_json
+from lerobot.runtime.atomic import TemporaryDir, write_json
 
 log = logging.getLogger(__name__)
 
@@ -38,19 +41,32 @@ def evaluate(cfg: DictConfig, policy: Policy, out_dir: Path, progress: bool = Fa
     for a deterministic policy), and the main process writes `eval_info.json` and the videos (of its own
     episodes, the first ones). Every process returns the merged results.
     """
+    record = cfg.eval.get("record_dataset")
+    if record is not None:
+        check_record_dataset(record)
     start, stop = distributed.share(cfg.eval.n_episodes)
     main = distributed.is_main()
     part = None
-    if stop > start:
-        part = _evaluate_episodes(
-            cfg,
-            policy,
-            start,
-            stop,
-            max_episodes_rendered=cfg.eval.max_episodes_rendered if main else 0,
-            videos_dir=Path(out_dir) / VIDEOS_DIR if main else None,
-            progress=progress and main,
-        )
+    with contextlib.ExitStack() as stack:
+        recorder = None
+        if record is not None:
+            spill = stack.enter_context(TemporaryDir(Path(record).parent / f"{Path(record).name}.episodes"))
+            recorder = EpisodeRecorder(spill.path)
+        if stop > start:
+            part = _evaluate_episodes(
+                cfg,
+                policy,
+                start,
+                stop,
+                max_episodes_rendered=cfg.eval.max_episodes_rendered if main else 0,
+                videos_dir=Path(out_dir) / VIDEOS_DIR if main else None,
+                progress=progress and main,
+                recorder=recorder,
+            )
+        if recorder is not None:
+            env_cfg = env_config(cfg)
+            recorder.write(record, fps=env_cfg.fps, task=env_cfg.name, name=env_cfg.name)
+            log.info("recorded %d episodes as a LeRobotDataset in %s", cfg.eval.n_episodes, record)
     video_error = part.pop("video_error", None) if part is not None else None
     parts = [(s, p) for s, p in distributed.gather((start, part)) if p is not None]
     info = parts[0][1] if len(parts) == 1 else merge_eval_parts(parts)
@@ -66,6 +82,19 @@ def evaluate(cfg: DictConfig, policy: Policy, out_dir: Path, progress: bool = Fa
             "the videos that did not fit were not written)",
         )
     return info
+
+
+def check_record_dataset(path: str) -> None:
+    """Raise `ConfigError` when `eval.record_dataset=path` cannot be written: it exists, or the evaluation
+    runs on several processes (each records its own episodes; one process writes the dataset)."""
+    if Path(path).exists():
+        raise ConfigError(
+            f"eval.record_dataset={path}: already exists; choose a new directory (or delete that one)"
+        )
+    if distributed.world_size() > 1:
+        raise ConfigError(
+            f"eval.record_dataset={path}: recording needs a one-process evaluation (without torchrun)"
+        )
 
 
 def earlier_evaluation(out_dir: Path) -> str | None:
@@ -95,6 +124,7 @@ def _evaluate_episodes(
     max_episodes_rendered: int,
     videos_dir: Path | None,
     progress: bool,
+    recorder: EpisodeRecorder | None = None,
 ) -> dict[str, Any]:
     """`eval_policy` over episodes `[start, stop)` (seeds `eval.start_seed + i`) in a vector env of its own;
     its rows count episodes from 0."""
@@ -128,6 +158,7 @@ def _evaluate_episodes(
                 progress=progress,
                 step_timeout_s=cfg.eval.step_timeout_s,
                 schedule=cfg.eval.schedule,
+                recorder=recorder,
             )
     finally:
         env.close()

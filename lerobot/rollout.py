@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -43,6 +43,9 @@ from lerobot.envs.observation import observation_to_batch
 from lerobot.errors import EnvWorkerError, NonFiniteActionError
 from lerobot.policies.policy import Policy
 from lerobot.runtime.atomic import atomic_write, no_space_error
+
+if TYPE_CHECKING:
+    from lerobot.datasets.recording import EpisodeRecorder
 
 # A reset (or render) that takes longer than this means a worker hangs; fail instead of waiting forever.
 # Steps wait without a timeout unless `eval_policy(step_timeout_s=...)` asks for one (which then bounds
@@ -251,6 +254,11 @@ class _Episodes:
         self.n_active -= len(slots)
         return episodes
 
+    def running(self) -> tuple[np.ndarray, list[tuple[int, int]]]:
+        """The slots that run an episode, and (episode index, seed) of each."""
+        slots = np.flatnonzero(self.slot_episode >= 0)
+        return slots, [(int(e), self.start_seed + int(e)) for e in self.slot_episode[slots]]
+
     def describe_slot(self, slot: int) -> str:
         """`slot` and what it runs at the step about to be taken, for error messages."""
         episode = int(self.slot_episode[slot])
@@ -402,6 +410,7 @@ def eval_policy(
     progress: bool = True,
     schedule: str = "refill_aligned",
     step_timeout_s: float | None = None,
+    recorder: EpisodeRecorder | None = None,
 ) -> dict[str, Any]:
     """Evaluate `policy` for `n_episodes` on the vector env `env` and return per-episode and aggregate metrics.
 
@@ -417,7 +426,8 @@ def eval_policy(
     `step_timeout_s`, else `ASYNC_RESET_TIMEOUT_S`). On such an error, and on Ctrl-C, every worker of `env`
     is killed and `env` is closed (`close_now`), so no call waits on a worker that will never answer.
     A NaN or infinite action raises `NonFiniteActionError` naming the env slot, episode and step; it is
-    never sent to the env. Works with every gymnasium autoreset mode.
+    never sent to the env. Works with every gymnasium autoreset mode. A `recorder` gets every step of every
+    episode (the observation acted on, the action, what the step returned) and each episode's end.
     """
     if n_episodes <= 0:
         raise ValueError(f"n_episodes={n_episodes} must be > 0")
@@ -444,11 +454,15 @@ def eval_policy(
             if waiting.size and begin_now(episodes, policy):
                 obs, waiting = reset(waiting), _NO_SLOTS
             action = act(policy, obs, device, episodes.describe_slot, _EVAL_ADVICE)
+            if recorder is not None:
+                recorder.observe(*episodes.running(), obs, action)
             obs, reward, terminated, truncated, info = _step(env, action, step_timeout_s, watchdog)
-            episodes.log_step(reward, _success(info, num_envs))
+            success, done = _success(info, num_envs), terminated | truncated
+            episodes.log_step(reward, success)
+            if recorder is not None:
+                recorder.outcome(reward, success, done)
             if videos.frames:
                 videos.capture(episodes, np.flatnonzero(episodes.slot_episode >= 0))
-            done = terminated | truncated
             if not done.any():
                 continue
             ended = np.flatnonzero(done)
@@ -456,6 +470,8 @@ def eval_policy(
             # slot cannot step again before a reset, so every ended slot is reset below.
             finished = ended[episodes.slot_episode[ended] >= 0]
             if finished.size:
+                if recorder is not None:
+                    recorder.finish(finished)
                 videos.finish(episodes.finish(finished))
                 bar.update(finished.size)
                 if episodes.done:

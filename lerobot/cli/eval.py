@@ -110,6 +110,8 @@ def _eval(argv: list[str] | None) -> int:
         return 0
     print(json.dumps(info["aggregated"], indent=2))
     print(f"wrote {Path(out_dir) / EVAL_INFO_FILE} and {len(info['video_paths'])} video(s)")
+    if cfg.eval.get("record_dataset") is not None:
+        print(f"recorded the episodes as a LeRobotDataset in {cfg.eval.record_dataset}")
     return 0
 
 

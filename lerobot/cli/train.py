@@ -38,6 +38,11 @@ def _train(argv: list[str] | None) -> int:
 
         return run_sweep(args.overrides, search_path=args.config_dir)
     cfg = compose_train_config(args.overrides, search_path=args.config_dir)
+    if cfg.eval.record_dataset is not None:
+        raise ConfigError(
+            "eval.record_dataset records the episodes of scripts/eval.py; evaluate the trained checkpoint "
+            "with it (scripts/eval.py --checkpoint <run> eval.record_dataset=DIR)"
+        )
     with stop_on_signals() as stop:
         run_dir = train(cfg)
     if stop.stopped_at is not None:
