@@ -1,6 +1,7 @@
-"""Training step of the paper-size image Diffusion Policy against LeRobot's, timed in one run.
+"""Training step of the paper-size image Diffusion Policy (or ACT) against LeRobot's, timed in one run.
 
-    cd benchmarks && python bench_peer.py [--steps 5] [--threads 2] [--peer-python $LEROBOT_VENV/bin/python]
+    cd benchmarks && python bench_peer.py [--policy diffusion|act] [--steps 5] [--threads 2] \
+        [--peer-python $LEROBOT_VENV/bin/python]
 
 The peer is LeRobot 0.6.x's `DiffusionPolicy` with its PushT-image defaults (`peer_lerobot_step.py`, run
 by a Python with LeRobot installed, `$LEROBOT_VENV/bin/python` by default). Ours is `policy=diffusion
@@ -12,6 +13,10 @@ stepping waits on a pipe. The first round warms up and is dropped; ratios are pe
 Only the update is timed (forward, backward, clipping, optimizer, LR schedule, and our EMA; LeRobot 0.6 keeps
 no EMA); batch assembly is outside both. Writes results/peer_<cpu vendor>.json (`peer_intel.json`,
 `peer_amd.json`), so that the ratio on each kind of CPU is kept.
+
+`--policy act`: LeRobot's ACT with its defaults (the paper's model, ResNet-18 from scratch, chunks of 100,
+batch 8) on PushT's image and state against `policy=act env=pusht` (the same model and batch); columns
+fp32 and bf16 autocast of each; results/peer_act_<cpu vendor>.json.
 """
 
 from __future__ import annotations
@@ -40,10 +45,10 @@ COLUMNS = ("lerobot fp32", "ours fp32", "lerobot bf16", "ours bf16", "ours bf16 
 class Peer:
     """LeRobot's step in its own Python process, one update per request."""
 
-    def __init__(self, python: Path, threads: int):
+    def __init__(self, python: Path, threads: int, policy: str):
         env = {**os.environ, "PYTHONPATH": "", "OMP_WAIT_POLICY": "PASSIVE"}
         self.proc = subprocess.Popen(
-            [str(python), str(HERE / "peer_lerobot_step.py"), str(threads)],
+            [str(python), str(HERE / "peer_lerobot_step.py"), str(threads), policy],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -91,6 +96,7 @@ def before_step(update: TrainStep, policy) -> TrainStep:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--policy", choices=["diffusion", "act"], default="diffusion")
     parser.add_argument("--steps", type=int, default=5, help="timed rounds (after one warm-up round)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--data-root", default=default_data_root(), help="directory with the PushT zarr")
@@ -105,9 +111,11 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"{args.peer_python} not found: set LEROBOT_VENV or pass --peer-python")
     torch.set_num_threads(args.threads)
     extra = [f"dataset.root={args.data_root}"] if args.data_root else []
-    _, policy, update, batches, batch_size = diffusion_training(["policy=diffusion", "env=pusht", *extra])
-    old = before_step(update, policy)
-    peer = Peer(args.peer_python, args.threads)
+    _, policy, update, batches, batch_size = diffusion_training(
+        [f"policy={args.policy}", "env=pusht", *extra]
+    )
+    columns = COLUMNS if args.policy == "diffusion" else COLUMNS[:4]
+    peer = Peer(args.peer_python, args.threads, args.policy)
 
     def ours(step: TrainStep, amp: bool) -> float:
         batch = next(batches)
@@ -122,16 +130,18 @@ def main(argv: list[str] | None = None) -> None:
         "ours fp32": lambda: ours(update, amp=False),
         "lerobot bf16": lambda: peer.step("bf16"),
         "ours bf16": lambda: ours(update, amp=True),
-        "ours bf16 before": lambda: ours(old, amp=True),
     }
-    times = {c: [] for c in COLUMNS}
+    if args.policy == "diffusion":
+        old = before_step(update, policy)
+        runs["ours bf16 before"] = lambda: ours(old, amp=True)
+    times = {c: [] for c in columns}
     for round_ in range(args.steps + 1):
-        for column in COLUMNS:
+        for column in columns:
             seconds = runs[column]()
             if round_:
                 times[column].append(seconds)
         if round_:
-            print(f"round {round_}: " + ", ".join(f"{c} {times[c][-1]:.2f} s" for c in COLUMNS))
+            print(f"round {round_}: " + ", ".join(f"{c} {times[c][-1]:.2f} s" for c in columns))
     peer.close()
 
     def ratio(a: str, b: str) -> float:
@@ -150,14 +160,14 @@ def main(argv: list[str] | None = None) -> None:
             "lerobot_bf16_over_this": ratio("lerobot bf16", c),
             "runs_s": times[c],
         }
-        for c in COLUMNS
+        for c in columns
     ]
     print_table(
         rows,
         ["column", "params_M", "batch", "s_per_step", "lerobot_fp32_over_this", "lerobot_bf16_over_this"],
     )
     path = save_results(
-        f"peer_{cpu_vendor(machine_info()['cpu'])}",
+        f"peer_{'' if args.policy == 'diffusion' else 'act_'}{cpu_vendor(machine_info()['cpu'])}",
         rows,
         {"args": {**vars(args), "peer_python": str(args.peer_python)}},
     )
