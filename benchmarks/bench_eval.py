@@ -21,7 +21,7 @@ from bench_envs import RecordingVectorEnv, raw_steps_per_s, replay_steps_per_s
 from common import RESULTS_DIR, keep_previous_rows, load_env, print_table, save_results
 
 from lerobot.checkpoints.run import load_run_policy, resolve_checkpoint_dir
-from lerobot.cli import checkpoint_config
+from lerobot.cli.compose import checkpoint_config
 from lerobot.config import env_config
 from lerobot.envs import make_env
 from lerobot.policies.factory import make_policy, make_policy_config

@@ -545,7 +545,7 @@ def parity(
     pooled over the noise seeds. The spread between noise seeds of one run shows what chance alone does.
     """
     from lerobot.checkpoints.run import load_run_policy, resolve_checkpoint_dir
-    from lerobot.cli import checkpoint_config
+    from lerobot.cli.compose import checkpoint_config
     from lerobot.config import env_config
     from lerobot.envs import make_env
     from lerobot.envs.observation import observation_to_batch

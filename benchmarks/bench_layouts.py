@@ -24,7 +24,7 @@ import numpy as np
 from common import print_table, save_results
 
 from lerobot.checkpoints import load_for_run, locate
-from lerobot.cli import checkpoint_config
+from lerobot.cli.compose import checkpoint_config
 from lerobot.compare import paired_difference
 from lerobot.evaluation import evaluate
 from lerobot.policies import policy as policy_module
