@@ -4,8 +4,9 @@
         [--batch-sizes 1 8 50] [--async-batch 8] [--extra NAME=EVAL_DIR ...]
 
 Part 1: `RUN` is evaluated over the same episodes (same `eval.start_seed`) with every batch size, sync, and
-once async; per layout, the share of episodes equal to the first layout's (the same success, steps and
-max reward), the share with the same success, and the aggregated figures with their 95% intervals.
+once async; per layout, against the first layout: the share of episodes with the same success and steps,
+and with the same max reward too (to 1e-9 and to 1e-3), the largest and median max-reward difference, and
+the aggregated figures with their 95% intervals. `--reuse` summarizes the evaluations already in `--out`.
 `--extra` adds evaluations made elsewhere (e.g. `torchrun --nproc_per_node 2 scripts/eval.py ...`).
 Part 2 (with `--other`): `RUN2 - RUN` paired on initial states and on noise (both evaluations draw each
 episode's noise from its own stream, as evaluation does) against paired on initial states only (RUN2
@@ -41,14 +42,18 @@ def run_eval(checkpoint: Path, out: Path, overrides: list[str]) -> dict:
 
 
 def agreement(reference: list[dict], other: list[dict]) -> dict:
-    """Shares of `other`'s episodes equal to `reference`'s (success, steps, max reward) and of same success."""
-    same = [
-        (a["success"], a["n_steps"]) == (b["success"], b["n_steps"])
-        and abs(a["max_reward"] - b["max_reward"]) < 1e-9
-        for a, b in zip(reference, other, strict=True)
-    ]
-    success = [a["success"] == b["success"] for a, b in zip(reference, other, strict=True)]
-    return {"equal_episodes": float(np.mean(same)), "same_success": float(np.mean(success))}
+    """How `other`'s episodes compare with `reference`'s: the share with the same success and steps, the share
+    also with the same max reward (to 1e-9, and to 1e-3), and the largest and median max-reward difference."""
+    pairs = list(zip(reference, other, strict=True))
+    same = np.array([(a["success"], a["n_steps"]) == (b["success"], b["n_steps"]) for a, b in pairs])
+    diff = np.array([abs(a["max_reward"] - b["max_reward"]) for a, b in pairs])
+    return {
+        "same_success_and_steps": float(same.mean()),
+        "equal_episodes": float((same & (diff < 1e-9)).mean()),
+        "equal_to_1e-3": float((same & (diff < 1e-3)).mean()),
+        "max_reward_diff_max": float(diff.max()),
+        "max_reward_diff_median": float(np.median(diff)),
+    }
 
 
 def salted_streams(salt: int):
@@ -66,7 +71,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--async-batch", type=int, default=8)
     parser.add_argument("--extra", nargs="*", default=[], help="NAME=EVAL_DIR evaluations to compare too")
     parser.add_argument("--out", type=Path, help="where the evaluations go (default: a temporary directory)")
+    parser.add_argument("--reuse", action="store_true", help="summarize the evaluations already in --out")
     args = parser.parse_args(argv)
+    if args.reuse and args.out is None:
+        parser.error("--reuse needs --out")
     out = args.out or Path(tempfile.mkdtemp(prefix="layouts-"))
     common = [f"eval.n_episodes={args.episodes}", "eval.max_episodes_rendered=0"]
     layouts = {
@@ -78,7 +86,9 @@ def main(argv: list[str] | None = None) -> None:
     ]
     infos = {}
     for i, (name, overrides) in enumerate(layouts.items()):
-        infos[name] = run_eval(args.checkpoint, out / f"layout{i}", [*common, *overrides])
+        if not args.reuse:
+            run_eval(args.checkpoint, out / f"layout{i}", [*common, *overrides])
+        infos[name] = json.loads((out / f"layout{i}" / "eval_info.json").read_text())
     for item in args.extra:
         name, path = item.split("=", 1)
         infos[name] = json.loads((Path(path) / "eval_info.json").read_text())
@@ -96,13 +106,14 @@ def main(argv: list[str] | None = None) -> None:
     if args.other is not None:
         layout = [*common, f"eval.batch_size={max(args.batch_sizes)}", "eval.use_async_envs=false"]
         base_dir = out / f"layout{list(layouts).index(f'batch {max(args.batch_sizes)} sync')}"
-        run_eval(args.other, out / "other_paired", layout)
-        real = policy_module.episode_stream
-        policy_module.episode_stream = salted_streams(1)
-        try:
-            run_eval(args.other, out / "other_independent", layout)
-        finally:
-            policy_module.episode_stream = real
+        if not args.reuse:
+            run_eval(args.other, out / "other_paired", layout)
+            real = policy_module.episode_stream
+            policy_module.episode_stream = salted_streams(1)
+            try:
+                run_eval(args.other, out / "other_independent", layout)
+            finally:
+                policy_module.episode_stream = real
         paired = {}
         for name in ("other_paired", "other_independent"):
             r = paired_difference([(base_dir, out / name)])
