@@ -36,18 +36,22 @@ from lerobot.policies.diffusion.modeling_diffusion import DiffusionPolicy  # noq
 
 BATCH, N_OBS, HORIZON = 64, 2, 16
 ACT_BATCH = 8
+# PushT's 96x96 camera and agent position in, the 2-D action out, on the CPU: both policies' setup.
+PUSHT_IMAGE = {
+    "input_features": {
+        "observation.state": PolicyFeature(type=FeatureType.STATE, shape=(2,)),
+        "observation.image": PolicyFeature(type=FeatureType.VISUAL, shape=(3, 96, 96)),
+    },
+    "output_features": {"action": PolicyFeature(type=FeatureType.ACTION, shape=(2,))},
+    "device": "cpu",
+    "push_to_hub": False,
+}
 
 
 def diffusion_setup():
     """LeRobot's Diffusion Policy with its PushT image setup and a random batch of 64."""
     config = DiffusionConfig(
-        input_features={
-            "observation.state": PolicyFeature(type=FeatureType.STATE, shape=(2,)),
-            "observation.image": PolicyFeature(type=FeatureType.VISUAL, shape=(3, 96, 96)),
-        },
-        output_features={"action": PolicyFeature(type=FeatureType.ACTION, shape=(2,))},
-        device="cpu",
-        push_to_hub=False,
+        **PUSHT_IMAGE,
         # LeRobot's PushT setup (its hub checkpoint `lerobot/diffusion_pusht`), which differs from the
         # class defaults; ImageNet weights (the same compute) would need a download.
         horizon=HORIZON,
@@ -71,13 +75,7 @@ def act_setup():
     """LeRobot's ACT with its defaults (the paper's model: chunks of 100, ResNet-18 from scratch, batch 8)
     on PushT's 96x96 image and agent position, and a random batch of 8."""
     config = ACTConfig(
-        input_features={
-            "observation.state": PolicyFeature(type=FeatureType.STATE, shape=(2,)),
-            "observation.image": PolicyFeature(type=FeatureType.VISUAL, shape=(3, 96, 96)),
-        },
-        output_features={"action": PolicyFeature(type=FeatureType.ACTION, shape=(2,))},
-        device="cpu",
-        push_to_hub=False,
+        **PUSHT_IMAGE,
         pretrained_backbone_weights=None,
     )
     torch.manual_seed(0)

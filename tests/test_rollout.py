@@ -347,6 +347,24 @@ def _tiny_diffusion(env_cfg, policy_class=DiffusionPolicy, **overrides) -> Diffu
     return policy_class(config, dataset_stats=stats).eval()
 
 
+def assert_layouts_match(env_cfg, policy, want, start_seed, env_counts, use_async, schedule) -> None:
+    """Evaluating `len(want)` episodes over each of `env_counts` envs gives `want`: steps and success exactly,
+    rewards to 1e-12 (gym-pusht's own reproducibility, see above)."""
+    for num_envs in env_counts:
+        env = make_env(env_cfg, num_envs, use_async=use_async)
+        try:
+            result = eval_policy(
+                env, policy, len(want), start_seed=start_seed, progress=False, schedule=schedule
+            )
+        finally:
+            env.close()
+        got = strip(result["per_episode"])
+        assert [(e["n_steps"], e["success"]) for e in got] == [(e["n_steps"], e["success"]) for e in want]
+        for g, w in zip(got, want):
+            for key in ("sum_reward", "max_reward"):
+                assert g[key] == pytest.approx(w[key], rel=1e-12, abs=1e-12), f"num_envs={num_envs}"
+
+
 # Under ensembling every step predicts, so refill_aligned begins episodes at once, as refill does.
 @pytest.mark.parametrize(
     "use_async,schedule",
@@ -358,18 +376,7 @@ def test_ensembling_diffusion_matches_reference(use_async, schedule):
     env_cfg = _pusht_env_cfg("pusht_keypoints", 20)
     policy = _tiny_diffusion(env_cfg, RowwiseDiffusion)
     want = reference(functools.partial(make_single_env, env_cfg), policy, 5, 200)
-    for num_envs in (1, 3, 4, 5):
-        env = make_env(env_cfg, num_envs, use_async=use_async)
-        try:
-            got = strip(
-                eval_policy(env, policy, 5, start_seed=200, progress=False, schedule=schedule)["per_episode"]
-            )
-        finally:
-            env.close()
-        assert [(e["n_steps"], e["success"]) for e in got] == [(e["n_steps"], e["success"]) for e in want]
-        for g, w in zip(got, want):
-            for key in ("sum_reward", "max_reward"):
-                assert g[key] == pytest.approx(w[key], rel=1e-12, abs=1e-12), f"num_envs={num_envs}"
+    assert_layouts_match(env_cfg, policy, want, 200, (1, 3, 4, 5), use_async, schedule)
 
 
 # DDPM draws noise at every denoising step too; chunk queuing (4 of 7 actions) makes episodes predict at their
@@ -397,18 +404,7 @@ def test_stochastic_diffusion_episodes_do_not_depend_on_the_layout(use_async, sc
     policy.generator = torch.Generator()
     assert reference(make_single, policy, 5, 300) != want
     policy.generator = None
-    for num_envs in (1, 3, 5):
-        env = make_env(env_cfg, num_envs, use_async=use_async)
-        try:
-            got = strip(
-                eval_policy(env, policy, 5, start_seed=300, progress=False, schedule=schedule)["per_episode"]
-            )
-        finally:
-            env.close()
-        assert [(e["n_steps"], e["success"]) for e in got] == [(e["n_steps"], e["success"]) for e in want]
-        for g, w in zip(got, want):
-            for key in ("sum_reward", "max_reward"):
-                assert g[key] == pytest.approx(w[key], rel=1e-12, abs=1e-12), f"num_envs={num_envs}"
+    assert_layouts_match(env_cfg, policy, want, 300, (1, 3, 5), use_async, schedule)
 
 
 def test_diffusion_rows_draw_from_their_own_streams_in_any_batch():
