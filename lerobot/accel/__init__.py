@@ -24,7 +24,7 @@ from lerobot.config import InferenceConfig
 from lerobot.policies.factory import check_inference_settings, inference_layer
 from lerobot.policies.policy import Policy
 
-__all__ = ["InferenceConfig", "accelerated", "upgrade_saved_config"]
+__all__ = ["InferenceConfig", "accelerated"]
 
 
 def accelerated(
@@ -48,33 +48,3 @@ def accelerated(
         return contextlib.nullcontext()
     module, attribute = path.split(":")
     return getattr(importlib.import_module(module), attribute)(policy, settings)
-
-
-# The flat keys of a saved `policy` section that held these settings before `policy.inference` was a
-# section, and the `InferenceConfig` field each one is.
-_FLAT_KEYS = {
-    "inference_fast_path": "fast",
-    "inference_dtype": "dtype",
-    "inference_int8_weights": "int8_weights",
-    "inference_compile": "compile",
-}
-
-
-def upgrade_saved_config(cfg: DictConfig) -> DictConfig:
-    """Move, in place, the inference settings of a run config saved by an older version (a checkpoint's
-    `config.yaml`) to the top-level `inference` section; returns `cfg`.
-
-    They were the `policy.inference` section, and before that the flat `policy.inference_*` keys
-    (`inference_autocast: true` was `dtype: bfloat16`). A config that holds neither is left as it is.
-    """
-    policy = cfg.get("policy")
-    if not isinstance(policy, DictConfig):
-        return cfg
-    flat = {key: policy.pop(key) for key in [*_FLAT_KEYS, "inference_autocast"] if key in policy}
-    section = dict(policy.pop("inference", None) or {})
-    section.update({field: flat[key] for key, field in _FLAT_KEYS.items() if key in flat})
-    if flat.get("inference_autocast"):
-        section["dtype"] = "bfloat16"
-    if section:
-        cfg.inference = {**section, **cfg.get("inference", {})}
-    return cfg

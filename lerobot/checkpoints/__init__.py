@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
+from torch import nn
 
 from lerobot.checkpoints import hub, lerobot_act, lerobot_diffusion, run
 from lerobot.checkpoints.hub import CONFIG_JSON, LEROBOT_MODEL_DIR, PretrainedSpec
@@ -28,7 +29,6 @@ from lerobot.config import EnvConfig, env_config
 from lerobot.errors import ConfigError, PretrainedError
 from lerobot.policies.config import PolicyConfig
 from lerobot.policies.factory import make_policy_config, validate_run_config
-from lerobot.policies.policy import Policy
 
 # LeRobot policy `type` -> the module that reads its `pretrained_model` directories.
 LEROBOT_FORMATS: dict[str, ModuleType] = {
@@ -94,7 +94,7 @@ def spec_policy_config(spec: PretrainedSpec, overrides: dict[str, Any] | None = 
         raise PretrainedError(f"{spec.path / CONFIG_JSON}: {e}") from None
 
 
-def load_weights(spec: PretrainedSpec, policy_cfg: PolicyConfig) -> Policy:
+def load_weights(spec: PretrainedSpec, policy_cfg: PolicyConfig) -> nn.Module:
     """The policy of `policy_cfg` (on the CPU) with the weights and statistics of the pretrained `spec`."""
     if spec.source == hub.FORMAT:
         return hub.load_weights(spec, policy_cfg)
@@ -107,7 +107,7 @@ def load_policy(
     device: str | torch.device = "cpu",
     revision: str | None = None,
     **overrides: Any,
-) -> Policy:
+) -> nn.Module:
     """The policy saved at `path_or_repo_id` (see `locate`), in eval mode on `device`.
 
     `overrides` are policy config fields (e.g. `n_action_steps=1`), validated like the command line's
@@ -125,7 +125,7 @@ def load_policy(
     return policy.to(device).eval()
 
 
-def load_for_run(source: Source, cfg: DictConfig) -> Policy:
+def load_for_run(source: Source, cfg: DictConfig) -> nn.Module:
     """The policy of `source` (on the CPU) built for the run config `cfg` (e.g. evaluation overrides, another
     env with the same features), after checking that `cfg`'s env gives the features it was trained with."""
     if source.run:

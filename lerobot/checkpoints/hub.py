@@ -29,12 +29,12 @@ import torch
 from omegaconf import OmegaConf
 from safetensors.torch import load_file
 from safetensors.torch import save as safetensors_save
+from torch import nn
 
 from lerobot.config import EnvConfig, FeatureConfig
 from lerobot.errors import ConfigError, PretrainedError
 from lerobot.policies.config import PolicyConfig
 from lerobot.policies.factory import make_policy
-from lerobot.policies.policy import Policy
 from lerobot.runtime.atomic import atomic_write, write_text
 
 CONFIG_JSON = "config.json"
@@ -138,7 +138,7 @@ def write_weights(path: Path, pieces: list[bytes | memoryview]) -> None:
             f.write(piece)
 
 
-def save_pretrained(policy: Policy, save_dir: Path | str, env_cfg: EnvConfig | None = None) -> Path:
+def save_pretrained(policy: nn.Module, save_dir: Path | str, env_cfg: EnvConfig | None = None) -> Path:
     """Write `policy` as `save_dir/{model.safetensors, config.json}` (each file atomically); return `save_dir`."""
     save_dir = Path(save_dir)
     save_dir.mkdir(parents=True, exist_ok=True)
@@ -234,7 +234,7 @@ def read_spec(directory: Path, config: dict[str, Any]) -> PretrainedSpec:
     return PretrainedSpec(directory, FORMAT, policy, features, config.get("env"))
 
 
-def load_state_checked(policy: Policy, state: Mapping[str, torch.Tensor], source: Path | str) -> None:
+def load_state_checked(policy: nn.Module, state: Mapping[str, torch.Tensor], source: Path | str) -> None:
     """`policy.load_state_dict(state)` with a one-line `PretrainedError` naming `source` on any mismatch."""
     own = policy.state_dict()
     missing = sorted(set(own) - set(state))
@@ -248,7 +248,7 @@ def load_state_checked(policy: Policy, state: Mapping[str, torch.Tensor], source
     policy.load_state_dict(state)
 
 
-def load_weights(spec: PretrainedSpec, policy_cfg: PolicyConfig) -> Policy:
+def load_weights(spec: PretrainedSpec, policy_cfg: PolicyConfig) -> nn.Module:
     """The policy of `policy_cfg` (on the CPU) with the weights and statistics of `spec`, a directory in this
     project's layout."""
     weights = spec.path / MODEL_FILE

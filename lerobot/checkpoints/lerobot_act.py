@@ -26,6 +26,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from torch import nn
+
 from lerobot.checkpoints.hub import CONFIG_JSON, MODEL_FILE, PretrainedSpec, load_state_checked
 from lerobot.checkpoints.lerobot_common import (
     RUNTIME_FIELDS,
@@ -41,7 +43,6 @@ from lerobot.config import FeatureConfig
 from lerobot.constants import ACTION, ACTION_KIND, ENV_STATE, OBS_ENV_STATE, OBS_STATE, STATE, VISUAL
 from lerobot.errors import PretrainedError
 from lerobot.policies.config import PolicyConfig
-from lerobot.policies.policy import Policy
 
 LEROBOT_TYPE = "act"
 SOURCE = "lerobot-0.6-act"
@@ -137,7 +138,7 @@ def read_spec(directory: Path, config: dict[str, Any]) -> PretrainedSpec:
     return PretrainedSpec(directory, SOURCE, policy, features, None)
 
 
-def load_weights(spec: PretrainedSpec, policy_cfg: PolicyConfig) -> Policy:
+def load_weights(spec: PretrainedSpec, policy_cfg: PolicyConfig) -> nn.Module:
     """This project's policy of `policy_cfg` (converted from the LeRobot config of `spec`) with the LeRobot
     weights and normalization statistics of its directory."""
     directory = spec.path

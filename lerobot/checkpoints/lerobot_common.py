@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 from safetensors.torch import load_file
+from torch import nn
 
 from lerobot.checkpoints.hub import read_json
 from lerobot.config import FeatureConfig
@@ -26,7 +27,6 @@ from lerobot.errors import PretrainedError
 from lerobot.policies.config import PolicyConfig
 from lerobot.policies.factory import make_policy
 from lerobot.policies.normalize import IDENTITY, MEAN_STD, MIN_MAX, Unnormalize
-from lerobot.policies.policy import Policy
 
 # LeRobot's `FeatureType` / `NormalizationMode` names -> this project's feature kinds / modes.
 KINDS = {"STATE": STATE, "ENV": ENV_STATE, "VISUAL": VISUAL, "ACTION": ACTION_KIND}
@@ -164,7 +164,7 @@ def read_stats(
     return _group_stats(pre_flat, keys), _group_stats(post_flat, keys)
 
 
-def make_normalized_policy(directory: Path, policy_cfg: PolicyConfig) -> Policy:
+def make_normalized_policy(directory: Path, policy_cfg: PolicyConfig) -> nn.Module:
     """The policy of `policy_cfg` (untrained weights) normalizing with the statistics of LeRobot's processor
     files in `directory`: the inputs and targets with the preprocessor's, the actions it returns with the
     postprocessor's (as LeRobot does)."""
@@ -195,7 +195,7 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def with_own_normalization(state: dict[str, torch.Tensor], policy: Policy) -> dict[str, torch.Tensor]:
+def with_own_normalization(state: dict[str, torch.Tensor], policy: nn.Module) -> dict[str, torch.Tensor]:
     """`state` (converted LeRobot weights) completed with `policy`'s normalization buffers, which hold the
     processor files' statistics."""
     own = policy.state_dict()

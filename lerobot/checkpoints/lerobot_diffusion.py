@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from lerobot.checkpoints.hub import CONFIG_JSON, MODEL_FILE, PretrainedSpec, load_state_checked
 from lerobot.checkpoints.lerobot_common import (
@@ -43,8 +44,6 @@ from lerobot.config import FeatureConfig
 from lerobot.constants import VISUAL
 from lerobot.errors import PretrainedError
 from lerobot.policies.config import PolicyConfig
-from lerobot.policies.diffusion.modeling import DiffusionPolicy
-from lerobot.policies.policy import Policy
 
 LEROBOT_TYPE = "diffusion"
 SOURCE = "lerobot-0.6"
@@ -195,7 +194,7 @@ def convert_state_dict(
     return out
 
 
-def conditioning_order(policy: DiffusionPolicy) -> torch.Tensor | None:
+def conditioning_order(policy: nn.Module) -> torch.Tensor | None:
     """For each input column of this policy's FiLM layers, the LeRobot column it takes (`(E + S*F,)` with E
     the step embedding size, S observation steps, F features per step); None when both orders agree
     (images and an environment state not both present)."""
@@ -225,7 +224,7 @@ def read_spec(directory: Path, config: dict[str, Any]) -> PretrainedSpec:
     return PretrainedSpec(directory, SOURCE, policy, features, None)
 
 
-def load_weights(spec: PretrainedSpec, policy_cfg: PolicyConfig) -> Policy:
+def load_weights(spec: PretrainedSpec, policy_cfg: PolicyConfig) -> nn.Module:
     """This project's policy of `policy_cfg` (converted from the LeRobot config of `spec`) with the LeRobot
     weights and normalization statistics of its directory."""
     directory = spec.path

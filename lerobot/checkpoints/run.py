@@ -34,11 +34,11 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 from safetensors import safe_open
+from torch import nn
 
-from lerobot.accel import upgrade_saved_config
 from lerobot.checkpoints.hub import CONFIG_JSON, hub_config_text, serialize_weights, write_weights
 from lerobot.checkpoints.space import checkpoint_bytes
-from lerobot.config import env_config
+from lerobot.config import env_config, upgrade_saved_config
 from lerobot.errors import CheckpointError, ChecksumError, NonFiniteWeightsError, RunDirError
 from lerobot.policies.factory import (
     available_policies,
@@ -47,7 +47,6 @@ from lerobot.policies.factory import (
     policy_config_class,
     validate_run_config,
 )
-from lerobot.policies.policy import Policy
 from lerobot.runtime.atomic import no_space_error
 from lerobot.runtime.checksums import (
     CHECKSUMS_FILE,
@@ -88,7 +87,7 @@ def checkpoint_dir(run_dir: Path, step: int) -> Path:
 def save_checkpoint(
     run_dir: Path,
     step: int,
-    policy: Policy,
+    policy: nn.Module,
     cfg: DictConfig,
     training_state: dict[str, Any] | None = None,
     eval_state_dict: dict[str, torch.Tensor] | None = None,
@@ -574,7 +573,7 @@ def check_features(ckpt_dir: Path, cfg: DictConfig) -> None:
 
 def load_run_policy(
     ckpt_dir: Path | str, device: str | torch.device = "cpu", cfg: DictConfig | None = None
-) -> tuple[Policy, DictConfig]:
+) -> tuple[nn.Module, DictConfig]:
     """Rebuild the policy of a checkpoint from its config and weights; return `(policy, cfg)`.
 
     `cfg` (optional) replaces the stored config, e.g. with evaluation overrides applied. The weights are

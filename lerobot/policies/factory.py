@@ -18,11 +18,11 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
+from torch import nn
 
 from lerobot.config import EnvConfig, InferenceConfig, env_config, validate_config
 from lerobot.errors import ConfigError
 from lerobot.policies.config import PolicyConfig
-from lerobot.policies.policy import Policy
 
 
 @dataclass(frozen=True)
@@ -131,8 +131,9 @@ def validate_run_config(cfg: DictConfig | dict) -> DictConfig:
     return merged
 
 
-def make_policy(policy_cfg: PolicyConfig, dataset_stats: dict | None = None) -> Policy:
-    """Instantiate the policy class registered for `policy_cfg.name`."""
+def make_policy(policy_cfg: PolicyConfig, dataset_stats: dict | None = None) -> nn.Module:
+    """An instance of the policy class registered for `policy_cfg.name` (a `lerobot.policies.policy.Policy`;
+    this registry sits below the base class, which loads saved policies through it)."""
     policy_cls = _import(_entry(policy_cfg.name).policy)
     return policy_cls(policy_cfg, dataset_stats=dataset_stats)
 

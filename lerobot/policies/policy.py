@@ -7,18 +7,17 @@ chunks into one action per env step lives here, once.
 from __future__ import annotations
 
 import abc
-import importlib
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
+from lerobot.checkpoints import hub, load_policy
 from lerobot.constants import OBS_PREFIX
 from lerobot.errors import PretrainedError
 
@@ -132,7 +131,7 @@ class Policy(nn.Module, abc.ABC):
         layout, or a LeRobot `pretrained_model`), in eval mode on `device`, with `overrides` of its config
         fields applied and validated (e.g. `n_action_steps=1`). Called on a subclass, the saved policy must be
         one of it. See `lerobot.checkpoints.load_policy`."""
-        policy = _checkpoints().load_policy(path_or_repo_id, device=device, revision=revision, **overrides)
+        policy = load_policy(path_or_repo_id, device=device, revision=revision, **overrides)
         if not isinstance(policy, cls):
             raise PretrainedError(f"{path_or_repo_id} holds a {type(policy).__name__}, not a {cls.__name__}")
         return policy
@@ -141,7 +140,7 @@ class Policy(nn.Module, abc.ABC):
         """Write `config.json` and `model.safetensors` (weights and normalization statistics) into
         `save_dir`; `env_cfg`, when given, is recorded so that evaluation needs no env name. Returns
         `save_dir`."""
-        return _checkpoints().hub.save_pretrained(self, save_dir, env_cfg)
+        return hub.save_pretrained(self, save_dir, env_cfg)
 
     # ----------------------------------------------------------------- acting
     @property
@@ -366,13 +365,6 @@ class Policy(nn.Module, abc.ABC):
                 value = value[torch.arange(ids.size, device=value.device)[:, None], source.to(value.device)]
             history[key] = value
         return history
-
-
-def _checkpoints() -> ModuleType:
-    """`lerobot.checkpoints`, the formats a policy is saved in. They build policies through the registry, so
-    they sit a floor above this module: it names them, as the registry names the policy classes, rather than
-    importing them."""
-    return importlib.import_module("lerobot.checkpoints")
 
 
 # Mixed into every episode stream's seed, so that a stream never equals the env's own reset stream (which the
