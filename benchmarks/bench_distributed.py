@@ -31,7 +31,7 @@ from lerobot import distributed
 from lerobot.cli import compose_config
 from lerobot.config import env_config
 from lerobot.datasets import cycle_batches, import_dataset, make_dataset
-from lerobot.policies.factory import make_policy_config
+from lerobot.policy_registry import make_policy_config
 from lerobot.training.offline import make_offline_policy
 from lerobot.training.update import TrainStep
 

@@ -24,7 +24,7 @@ from lerobot.checkpoints.run import load_run_policy, resolve_checkpoint_dir
 from lerobot.cli.compose import checkpoint_config
 from lerobot.config import env_config
 from lerobot.envs import make_env
-from lerobot.policies.factory import make_policy, make_policy_config
+from lerobot.policy_registry import make_policy, make_policy_config
 from lerobot.rollout import eval_policy
 
 

@@ -76,7 +76,7 @@ from lerobot.accel.diffusion import INT8_MAX_ROWS, InferencePlan, PreparedLinear
 from lerobot.config import InferenceConfig
 from lerobot.policies.diffusion.modeling import DiffusionPolicy
 from lerobot.policies.diffusion.unet import TemporalConv1d, TemporalUpsample1d
-from lerobot.policies.factory import make_policy, make_policy_config
+from lerobot.policy_registry import make_policy, make_policy_config
 
 MODELS = {"image": "pusht", "keypoints": "pusht_keypoints"}
 BASELINE = "fp32 eager"

@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO))
 
 from lerobot.cli import compose_config  # noqa: E402
 from lerobot.config import env_config  # noqa: E402
-from lerobot.policies.factory import make_policy, make_policy_config  # noqa: E402
+from lerobot.policy_registry import make_policy, make_policy_config  # noqa: E402
 from lerobot.training.update import TrainStep  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"

@@ -44,8 +44,8 @@ from torch import nn
 from lerobot.cli import compose_config
 from lerobot.config import env_config
 from lerobot.envs import make_env
-from lerobot.policies.factory import make_policy, make_policy_config
 from lerobot.policies.tdmpc import planner as new_planner
+from lerobot.policy_registry import make_policy, make_policy_config
 from lerobot.rollout import eval_policy
 
 REPO = Path(__file__).resolve().parents[1]

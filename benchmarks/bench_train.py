@@ -42,8 +42,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from lerobot.cli import compose_config
 from lerobot.config import env_config
 from lerobot.datasets import cycle_batches, make_dataset
-from lerobot.policies.factory import make_policy, make_policy_config
 from lerobot.policies.policy import Policy
+from lerobot.policy_registry import make_policy, make_policy_config
 from lerobot.training.update import TrainStep
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

@@ -4,7 +4,7 @@ The dataclasses below (and each policy's configuration dataclass) are the one so
 `configs/` holds only the choices (`env/*.yaml`; `policy/*.yaml` optionally, for named variants) and values
 that differ from a default. A composed config is merged into `RootConfig`, so an unknown key or a wrong
 type fails before any work starts, with a message that names the key; the merged result holds every field,
-resolved, including the `policy` section (validated by the chosen policy's own dataclass, see `lerobot.policies.factory`).
+resolved, including the `policy` section (validated by the chosen policy's own dataclass, see `lerobot.policy_registry`).
 """
 
 from __future__ import annotations
@@ -234,7 +234,7 @@ class RootConfig:
 
     env: EnvConfig = field(default_factory=EnvConfig)
     # The chosen policy's dataclass fields (`name` picks the dataclass); filled in by
-    # `lerobot.policies.factory.validate_run_config`.
+    # `lerobot.policy_registry.validate_run_config`.
     policy: dict[str, Any] = field(default_factory=dict)
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
@@ -254,7 +254,7 @@ def validate_config(cfg: DictConfig | dict) -> DictConfig:
     """Merge a composed config into the `RootConfig` schema and check values; raise `ConfigError` if bad.
 
     Every default of the root sections is filled in; the `policy` section is checked and completed against its
-    registered dataclass by `lerobot.policies.factory.validate_run_config`, which calls this first.
+    registered dataclass by `lerobot.policy_registry.validate_run_config`, which calls this first.
     """
     try:
         merged = OmegaConf.merge(OmegaConf.structured(RootConfig), cfg)

@@ -71,7 +71,7 @@ from lerobot.policies.diffusion.configuration_diffusion import DiffusionConfig  
 from lerobot.policies.diffusion.modeling_diffusion import DiffusionPolicy  # noqa: E402
 from lerobot.utils.constants import IMAGENET_STATS  # noqa: E402
 
-from lerobot.policies.factory import make_pre_post_processors  # noqa: E402
+from lerobot.policy_registry import make_pre_post_processors  # noqa: E402
 
 BATCH = 4
 N_OBS_STEPS = 2

@@ -18,8 +18,8 @@ from lerobot.constants import ACTION, ACTION_IS_PAD, LOSS_COUNT, OBS_ENV_STATE, 
 from lerobot.errors import ConfigError
 from lerobot.policies.act.configuration import ACTConfig
 from lerobot.policies.act.modeling import LATENT_NOISE, ACTPolicy
-from lerobot.policies.factory import make_policy_config
 from lerobot.policies.policy import Policy
+from lerobot.policy_registry import make_policy_config
 
 STATE = FeatureConfig(shape=[2], kind="state", low=[0.0, 0.0], high=[512.0, 512.0])
 KEYPOINTS = FeatureConfig(shape=[4], kind="env_state", low=[0.0], high=[512.0])

@@ -10,7 +10,7 @@ from lerobot.config import CONFIG_DIR, env_config, validate_config
 from lerobot.constants import OBS_STATE
 from lerobot.envs import make_env
 from lerobot.errors import ConfigError
-from lerobot.policies.factory import make_policy, make_policy_config
+from lerobot.policy_registry import make_policy, make_policy_config
 from lerobot.rollout import eval_policy
 
 

@@ -35,8 +35,8 @@ from lerobot.checkpoints.run import (
 from lerobot.cli import compose_config, eval_main, train_main
 from lerobot.config import env_config
 from lerobot.errors import CheckpointError, NonFiniteWeightsError, RunDirError
-from lerobot.policies.factory import make_policy, make_policy_config
 from lerobot.policies.policy import Policy
+from lerobot.policy_registry import make_policy, make_policy_config
 from lerobot.training.run_dir import setup_run
 
 REPO = Path(__file__).resolve().parents[1]

@@ -10,7 +10,7 @@ from lerobot.checkpoints.run import CONFIG_FILE, load_config, save_checkpoint
 from lerobot.cli import compose_config
 from lerobot.config import CONFIG_DIR, EnvConfig, EvalConfig, RootConfig, TrainingConfig, env_config
 from lerobot.errors import ConfigError
-from lerobot.policies.factory import available_policies, make_policy, make_policy_config, policy_config_class
+from lerobot.policy_registry import available_policies, make_policy, make_policy_config, policy_config_class
 
 FEATURE_FIELDS = {"input_features", "output_features"}
 

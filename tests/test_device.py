@@ -37,7 +37,7 @@ from lerobot.config import InferenceConfig, env_config
 from lerobot.devices import resolve_device
 from lerobot.errors import ConfigError
 from lerobot.policies.diffusion.modeling import DiffusionPolicy
-from lerobot.policies.factory import make_policy, make_policy_config
+from lerobot.policy_registry import make_policy, make_policy_config
 from lerobot.training.pace import CPU_RECIPE, cpu_run_warning
 from lerobot.training.progress import TrainingLoop
 from lerobot.training.replay_buffer import ReplayBuffer

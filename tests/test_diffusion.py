@@ -43,7 +43,7 @@ from lerobot.policies.diffusion.vision import (
     random_crop,
     resize,
 )
-from lerobot.policies.factory import make_policy, make_policy_config, validate_run_config
+from lerobot.policy_registry import make_policy, make_policy_config, validate_run_config
 
 STATE = FeatureConfig(shape=[2], kind="state", low=[0.0, 0.0], high=[512.0, 512.0])
 ACTION = FeatureConfig(shape=[2], kind="action", low=[0.0, 0.0], high=[512.0, 512.0])

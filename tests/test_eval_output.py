@@ -13,7 +13,7 @@ from lerobot.checkpoints.run import save_checkpoint
 from lerobot.cli import compose_config, eval_main, train_main
 from lerobot.config import env_config
 from lerobot.evaluation import evaluate
-from lerobot.policies.factory import make_policy, make_policy_config
+from lerobot.policy_registry import make_policy, make_policy_config
 
 QUICK = ["policy=random", "env=pusht_keypoints", "env.max_episode_steps=5", "eval.n_episodes=2"]
 QUICK += ["eval.batch_size=2", "eval.use_async_envs=false"]

@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from lerobot.checkpoints.run import save_checkpoint
 from lerobot.cli import compose_config, eval_main
 from lerobot.config import env_config
-from lerobot.policies.factory import make_policy, make_policy_config
+from lerobot.policy_registry import make_policy, make_policy_config
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -16,7 +16,7 @@ from lerobot.config import env_config, validate_config
 from lerobot.envs import make_env
 from lerobot.errors import ConfigError
 from lerobot.evaluation import evaluate
-from lerobot.policies.factory import make_policy, make_policy_config, register_policy
+from lerobot.policy_registry import make_policy, make_policy_config, register_policy
 
 register_policy("tiny", config="tiny_policy:TinyConfig", policy="tiny_policy:TinyPolicy")
 

@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from lerobot.config import FeatureConfig
-from lerobot.policies.normalize import Normalize, Unnormalize
+from lerobot.normalize import Normalize, Unnormalize
 
 FEATURES = {
     "observation.image": FeatureConfig(shape=[3, 4, 5], kind="visual"),

@@ -15,9 +15,9 @@ from lerobot.cli import compose_config, eval_main
 from lerobot.config import env_config
 from lerobot.errors import ConfigError, PretrainedError
 from lerobot.policies.diffusion.modeling import DiffusionPolicy
-from lerobot.policies.factory import make_policy, make_policy_config
 from lerobot.policies.policy import Policy
 from lerobot.policies.tdmpc.modeling import TDMPCPolicy
+from lerobot.policy_registry import make_policy, make_policy_config
 from lerobot.training import offline
 from lerobot.training.update import TrainStep
 

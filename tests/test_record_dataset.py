@@ -13,7 +13,7 @@ from lerobot.datasets.factory import dataset_format
 from lerobot.datasets.format import read_meta
 from lerobot.datasets.lerobot_format import open_lerobot_dataset
 from lerobot.datasets.lerobot_import import convert_lerobot_dataset
-from lerobot.policies.factory import make_policy, make_policy_config
+from lerobot.policy_registry import make_policy, make_policy_config
 
 COMMON = [
     "eval.n_episodes=3",

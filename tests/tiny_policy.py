@@ -14,8 +14,8 @@ import torch
 from torch import Tensor, nn
 
 from lerobot.config import InferenceConfig
-from lerobot.policies.config import PolicyConfig
 from lerobot.policies.policy import Policy
+from lerobot.policy_config import PolicyConfig
 
 IMAGE_KEY = "observation.images.top"
 STATE_KEY = "observation.state"

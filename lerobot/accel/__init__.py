@@ -21,8 +21,8 @@ import importlib
 from omegaconf import DictConfig, OmegaConf
 
 from lerobot.config import InferenceConfig
-from lerobot.policies.factory import check_inference_settings, inference_layer
 from lerobot.policies.policy import Policy
+from lerobot.policy_registry import check_inference_settings, inference_layer
 
 __all__ = ["InferenceConfig", "accelerated"]
 

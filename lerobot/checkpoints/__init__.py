@@ -27,8 +27,8 @@ from lerobot.checkpoints import hub, lerobot_act, lerobot_diffusion, run
 from lerobot.checkpoints.hub import CONFIG_JSON, LEROBOT_MODEL_DIR, PretrainedSpec
 from lerobot.config import EnvConfig, env_config
 from lerobot.errors import ConfigError, PretrainedError
-from lerobot.policies.config import PolicyConfig
-from lerobot.policies.factory import make_policy_config, validate_run_config
+from lerobot.policy_config import PolicyConfig
+from lerobot.policy_registry import make_policy_config, validate_run_config
 
 # LeRobot policy `type` -> the module that reads its `pretrained_model` directories.
 LEROBOT_FORMATS: dict[str, ModuleType] = {

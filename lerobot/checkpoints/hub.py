@@ -33,8 +33,8 @@ from torch import nn
 
 from lerobot.config import EnvConfig, FeatureConfig
 from lerobot.errors import ConfigError, PretrainedError
-from lerobot.policies.config import PolicyConfig
-from lerobot.policies.factory import make_policy
+from lerobot.policy_config import PolicyConfig
+from lerobot.policy_registry import make_policy
 from lerobot.runtime.atomic import atomic_write, write_text
 
 CONFIG_JSON = "config.json"

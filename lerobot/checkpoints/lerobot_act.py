@@ -42,7 +42,7 @@ from lerobot.checkpoints.lerobot_common import (
 from lerobot.config import FeatureConfig
 from lerobot.constants import ACTION, ACTION_KIND, ENV_STATE, OBS_ENV_STATE, OBS_STATE, STATE, VISUAL
 from lerobot.errors import PretrainedError
-from lerobot.policies.config import PolicyConfig
+from lerobot.policy_config import PolicyConfig
 
 LEROBOT_TYPE = "act"
 SOURCE = "lerobot-0.6-act"

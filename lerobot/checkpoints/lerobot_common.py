@@ -24,9 +24,9 @@ from lerobot.checkpoints.hub import read_json
 from lerobot.config import FeatureConfig
 from lerobot.constants import ACTION_KIND, ENV_STATE, STATE, VISUAL
 from lerobot.errors import PretrainedError
-from lerobot.policies.config import PolicyConfig
-from lerobot.policies.factory import make_policy
-from lerobot.policies.normalize import IDENTITY, MEAN_STD, MIN_MAX, Unnormalize
+from lerobot.normalize import IDENTITY, MEAN_STD, MIN_MAX, Unnormalize
+from lerobot.policy_config import PolicyConfig
+from lerobot.policy_registry import make_policy
 
 # LeRobot's `FeatureType` / `NormalizationMode` names -> this project's feature kinds / modes.
 KINDS = {"STATE": STATE, "ENV": ENV_STATE, "VISUAL": VISUAL, "ACTION": ACTION_KIND}

@@ -43,7 +43,7 @@ from lerobot.checkpoints.lerobot_common import (
 from lerobot.config import FeatureConfig
 from lerobot.constants import VISUAL
 from lerobot.errors import PretrainedError
-from lerobot.policies.config import PolicyConfig
+from lerobot.policy_config import PolicyConfig
 
 LEROBOT_TYPE = "diffusion"
 SOURCE = "lerobot-0.6"

@@ -40,7 +40,7 @@ from lerobot.checkpoints.hub import CONFIG_JSON, hub_config_text, serialize_weig
 from lerobot.checkpoints.space import checkpoint_bytes
 from lerobot.config import env_config, upgrade_saved_config
 from lerobot.errors import CheckpointError, ChecksumError, NonFiniteWeightsError, RunDirError
-from lerobot.policies.factory import (
+from lerobot.policy_registry import (
     available_policies,
     make_policy,
     make_policy_config,

@@ -1,7 +1,7 @@
 """Composing a run config from `configs/` with Hydra's compose API, and the configs evaluation starts from.
 
 Groups `env=` and `policy=`, dotted overrides such as `training.steps=100`; the result is validated and
-completed with every default (`lerobot.policies.factory.validate_run_config`). `--config-dir DIR` adds a
+completed with every default (`lerobot.policy_registry.validate_run_config`). `--config-dir DIR` adds a
 directory with the same layout (`DIR/env/<name>.yaml`, `DIR/policy/<name>.yaml`) to the search path, for envs
 and policy variants that live outside this repository. The defaults are the dataclasses, given to Hydra as
 structured configs (`schema` for the root, one node per registered policy in the `policy` group), so a new
@@ -19,7 +19,7 @@ from lerobot.checkpoints.hub import PretrainedSpec
 from lerobot.checkpoints.run import load_config
 from lerobot.config import CONFIG_DIR, RootConfig, old_inference_keys_error
 from lerobot.errors import ConfigError
-from lerobot.policies.factory import available_policies, policy_config_class, validate_run_config
+from lerobot.policy_registry import available_policies, policy_config_class, validate_run_config
 
 GROUPS = ("env", "policy")
 

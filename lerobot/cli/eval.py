@@ -22,7 +22,7 @@ from lerobot.constants import EVAL_INFO_FILE
 from lerobot.devices import resolve_device
 from lerobot.errors import ConfigError
 from lerobot.evaluation import earlier_evaluation, evaluate, remove_evaluation
-from lerobot.policies.factory import make_policy, make_policy_config
+from lerobot.policy_registry import make_policy, make_policy_config
 from lerobot.seeding import set_seed
 
 

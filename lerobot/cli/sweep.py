@@ -21,7 +21,7 @@ from omegaconf import DictConfig
 from lerobot.cli.compose import compose_config, search_path_override
 from lerobot.config import CONFIG_DIR
 from lerobot.errors import EXPECTED_ERRORS, ConfigError
-from lerobot.policies.factory import validate_run_config
+from lerobot.policy_registry import validate_run_config
 from lerobot.runtime.atomic import write_text
 from lerobot.runtime.signals import stop_on_signals
 from lerobot.training import train

@@ -15,8 +15,8 @@ from torch import Tensor
 
 from lerobot.constants import OBS_ENV_STATE, OBS_IMAGE, OBS_STATE
 from lerobot.errors import ConfigError
-from lerobot.policies.config import PolicyConfig
 from lerobot.policies.policy import Policy
+from lerobot.policy_config import PolicyConfig
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ from omegaconf import DictConfig
 from lerobot import distributed
 from lerobot.config import env_config
 from lerobot.errors import ConfigError
-from lerobot.policies.config import OFFLINE, ONLINE
-from lerobot.policies.factory import make_policy_config
+from lerobot.policy_config import OFFLINE, ONLINE
+from lerobot.policy_registry import make_policy_config
 from lerobot.runtime.lock import release_run_dir
 from lerobot.training.offline import train_offline
 from lerobot.training.online import train_online

@@ -25,10 +25,10 @@ from lerobot.config import env_config
 from lerobot.datasets import EpisodeDataset, cycle_batches, dataset_fingerprint, import_dataset, make_dataset
 from lerobot.devices import resolve_device
 from lerobot.errors import ConfigError
-from lerobot.policies.config import PolicyConfig
-from lerobot.policies.factory import make_policy
 from lerobot.policies.online_policy import OnlinePolicy
 from lerobot.policies.policy import Policy
+from lerobot.policy_config import PolicyConfig
+from lerobot.policy_registry import make_policy
 from lerobot.seeding import get_rng_state, set_rng_state, set_seed
 from lerobot.training.divergence import DivergenceGuard
 from lerobot.training.pace import CpuPace

@@ -44,9 +44,9 @@ from lerobot.constants import ACTION, EPISODE_INDEX, NEXT_REWARD
 from lerobot.devices import resolve_device
 from lerobot.envs import make_env, observation_to_batch
 from lerobot.errors import ConfigError
-from lerobot.policies.config import PolicyConfig
-from lerobot.policies.factory import make_policy
 from lerobot.policies.online_policy import OnlinePolicy
+from lerobot.policy_config import PolicyConfig
+from lerobot.policy_registry import make_policy
 from lerobot.rollout import act
 from lerobot.seeding import get_rng_state, set_rng_state, set_seed
 from lerobot.training.divergence import DivergenceGuard

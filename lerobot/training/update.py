@@ -21,8 +21,8 @@ from torch import Tensor
 from lerobot import distributed
 from lerobot.constants import LOSS_COUNT
 from lerobot.errors import TrainingDivergedError
-from lerobot.policies.config import PolicyConfig
 from lerobot.policies.policy import Policy
+from lerobot.policy_config import PolicyConfig
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 
 from lerobot.constants import ACTION_KIND, ENV_STATE, STATE, VISUAL
 from lerobot.errors import ConfigError
-from lerobot.policies.config import OFFLINE, PolicyConfig
-from lerobot.policies.normalize import MEAN_STD, NORMALIZATION_MODES
+from lerobot.normalize import MEAN_STD, NORMALIZATION_MODES
+from lerobot.policy_config import OFFLINE, PolicyConfig
 
 ACTIVATIONS = ("relu", "gelu")
 

@@ -52,8 +52,8 @@ from torch.nn import functional as F  # noqa: N812
 from torchvision.ops.misc import FrozenBatchNorm2d
 
 from lerobot.constants import ACTION_IS_PAD, LOSS_COUNT, TRAINING_NOISE_PREFIX
+from lerobot.normalize import Normalize, Unnormalize
 from lerobot.policies.act.configuration import ACTConfig
-from lerobot.policies.normalize import Normalize, Unnormalize
 from lerobot.policies.policy import Policy
 
 # The per-sample draw of a training batch (`ACTPolicy.draw_training_noise`): the reparameterization noise.

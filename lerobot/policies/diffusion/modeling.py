@@ -35,10 +35,10 @@ from diffusers.utils.torch_utils import randn_tensor
 from torch import Tensor, nn
 
 from lerobot.constants import ACTION_IS_PAD, LOSS_COUNT, TRAINING_NOISE_PREFIX
+from lerobot.normalize import Normalize, Unnormalize
 from lerobot.policies.diffusion.configuration import DiffusionConfig
 from lerobot.policies.diffusion.unet import ConditionalUnet1D
 from lerobot.policies.diffusion.vision import RgbEncoder
-from lerobot.policies.normalize import Normalize, Unnormalize
 from lerobot.policies.policy import Policy
 
 _SCHEDULERS = {"DDPM": DDPMScheduler, "DDIM": DDIMScheduler}

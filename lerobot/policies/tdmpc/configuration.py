@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from lerobot.constants import ENV_STATE, STATE, VISUAL
 from lerobot.errors import ConfigError
-from lerobot.policies.config import ONLINE, PolicyConfig
+from lerobot.policy_config import ONLINE, PolicyConfig
 
 
 @dataclass

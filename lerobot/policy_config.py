@@ -2,7 +2,7 @@
 
 A policy's own dataclass (e.g. `DiffusionConfig`) subclasses this, overrides defaults and adds its
 architecture fields. `input_features` / `output_features` are filled from the env config by
-`lerobot.policies.factory`, so model code reads shapes from them and never hard-codes a task.
+`lerobot.policy_registry`, so model code reads shapes from them and never hard-codes a task.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ class PolicyConfig:
 
     def resolve_defaults(self) -> None:
         """Fill the fields whose default depends on the features (left `None` in the dataclass); none by
-        default. Called once, by `lerobot.policies.factory.make_policy_config`, before `validate`."""
+        default. Called once, by `lerobot.policy_registry.make_policy_config`, before `validate`."""
 
     def validate(self) -> None:
         """Raise `ConfigError` on inconsistent values, changing nothing; subclasses extend it (call super)."""

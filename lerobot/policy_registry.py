@@ -7,6 +7,9 @@ A policy is added with one call (paths are imported only when the policy is used
 after which `policy=mine` works on the command line; a YAML file in `configs/policy/` is optional (the
 dataclass holds the defaults). An inference layer is named here by its path only: `lerobot.accel`, a layer
 above the policies, imports and enters it.
+
+The registry sits below the `Policy` base class and `lerobot.checkpoints`, which build policies through it:
+it names the policy classes by path and imports none of them until one is made.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from torch import nn
 
 from lerobot.config import EnvConfig, InferenceConfig, env_config, validate_config
 from lerobot.errors import ConfigError
-from lerobot.policies.config import PolicyConfig
+from lerobot.policy_config import PolicyConfig
 
 
 @dataclass(frozen=True)
