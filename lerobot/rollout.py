@@ -267,6 +267,16 @@ class _Episodes:
         step = self.vector_steps - self.slot_start[slot] + 1
         return f"env slot {slot}, episode {episode} (seed {self.start_seed + episode}) at its step {step}"
 
+    def results(self, eval_s: float, video_paths: list[str], video_error: OSError | None) -> dict[str, Any]:
+        """What `eval_policy` returns, once every episode has ended `eval_s` seconds after the start."""
+        per_episode = self.per_episode()
+        slot_steps = self.vector_steps * self.num_envs
+        aggregated = aggregate_episodes(per_episode, eval_s, self.busy_steps, slot_steps)
+        result = {"per_episode": per_episode, "aggregated": aggregated, "video_paths": video_paths}
+        if video_error is not None:
+            result["video_error"] = video_error
+        return result
+
     def per_episode(self) -> list[dict[str, Any]]:
         """One row per episode, in episode order."""
         return [
@@ -493,14 +503,7 @@ def eval_policy(
         if watchdog is not None:
             watchdog.close()
     video_paths, video_error = videos.close()
-    eval_s = time.perf_counter() - start_time
-    per_episode = episodes.per_episode()
-    slot_steps = episodes.vector_steps * num_envs
-    aggregated = aggregate_episodes(per_episode, eval_s, episodes.busy_steps, slot_steps)
-    result = {"per_episode": per_episode, "aggregated": aggregated, "video_paths": video_paths}
-    if video_error is not None:
-        result["video_error"] = video_error
-    return result
+    return episodes.results(time.perf_counter() - start_time, video_paths, video_error)
 
 
 def aggregate_episodes(
