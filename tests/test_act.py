@@ -17,7 +17,7 @@ from lerobot.config import FeatureConfig, env_config
 from lerobot.constants import ACTION, ACTION_IS_PAD, LOSS_COUNT, OBS_ENV_STATE, OBS_IMAGE, OBS_STATE
 from lerobot.errors import ConfigError
 from lerobot.policies.act.configuration import ACTConfig
-from lerobot.policies.act.modeling import LATENT_NOISE, ACTPolicy
+from lerobot.policies.act.modeling import LATENT_NOISE, ACTPolicy, Dropout
 from lerobot.policies.policy import Policy
 from lerobot.policy_registry import make_policy_config
 
@@ -472,3 +472,38 @@ def test_train_evaluate_and_load_from_the_run_dir(tmp_path, data_args):
 def test_docs_name_the_command_lines():
     text = (Path(__file__).resolve().parents[1] / "docs" / "act.md").read_text()
     assert "policy=act env=pusht_keypoints" in text and "+experiment=act_pusht_keypoints_cpu" in text
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpu_dropout_drops_at_its_rate_and_keeps_the_expectation(dtype):
+    """ACT's CPU dropout: each element is dropped with probability p (to 2^-16), kept ones are scaled so the
+    mean is kept, the gradient is the same mask, the global torch seed makes it repeat, and eval mode, p = 0
+    and non-contiguous inputs behave as `nn.Dropout`."""
+    layer = Dropout(0.1).train()
+    x = torch.ones(1000, 1003, dtype=dtype, requires_grad=True)  # an odd size: the last 64-bit draw is cut
+    torch.manual_seed(0)
+    out = layer(x)
+    dropped = (out == 0).double().mean().item()
+    assert abs(dropped - 0.1) < 0.003  # 1.003M Bernoulli(0.1): the std of the rate is 3e-4
+    kept = out[out != 0].float()
+    scale = 65536 / (65536 - round(0.1 * 65536))
+    assert torch.allclose(kept, torch.full_like(kept, scale), rtol=1e-2 if dtype == torch.bfloat16 else 1e-6)
+    out.sum().backward()
+    assert torch.equal(x.grad, out.detach())  # d out / d x is the scaled mask, and x is ones
+    torch.manual_seed(0)
+    assert torch.equal(layer(x.detach()), out.detach())
+    assert not torch.equal(layer(x.detach()), out.detach())  # the next draw differs
+    assert torch.equal(layer.eval()(x), x)
+    assert torch.equal(Dropout(0.0).train()(x), x)
+    y = torch.randn(64, 48).t()  # not contiguous: element (i, j) keeps its own mask entry
+    layer.train()
+    torch.manual_seed(1)
+    masked = layer(y)
+    torch.manual_seed(1)
+    assert torch.equal(masked == 0, layer(y.contiguous()) == 0)
+
+
+def test_act_uses_the_cpu_dropout_everywhere_outside_attention():
+    policy = ACTPolicy(act_config(images=False, dropout=0.1))
+    dropouts = [m for m in policy.modules() if isinstance(m, torch.nn.Dropout)]
+    assert dropouts and all(type(m) is Dropout for m in dropouts)

@@ -113,6 +113,29 @@ class SinusoidalPositionEmbedding2d(nn.Module):
 
 
 # ---------------------------------------------------------------------------------- transformer
+# Dropout masks from 16 random bits per element: four elements per 64-bit draw.
+_MASK_BITS = 16
+
+
+class Dropout(nn.Dropout):
+    """`nn.Dropout` with a cheaper mask on the CPU: torch draws one Bernoulli variate per element there, the
+    costliest part of the layer; this takes 16 random bits per element from the global torch stream (four
+    elements per 64-bit draw). An element is dropped with probability round(p * 2^16) / 2^16 (within 8e-6
+    of `p`) and kept ones are scaled so that the expectation equals the input. Elsewhere, and for p = 0 or 1,
+    it is `nn.Dropout`."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        """`x` (any shape) with dropped elements zeroed and kept ones scaled, in training mode."""
+        if not self.training or self.p in (0.0, 1.0) or x.device.type != "cpu":
+            return super().forward(x)
+        levels = 1 << _MASK_BITS
+        dropped = round(self.p * levels)  # of the `levels` values a 16-bit lane takes
+        n = x.numel()
+        bits = torch.empty(-(-n * _MASK_BITS // 64), dtype=torch.int64).random_(-(2**63), None)
+        keep = bits.view(torch.int16)[:n].view(x.shape) >= dropped - levels // 2
+        return x * keep.to(x.dtype).mul_(levels / (levels - dropped))
+
+
 class ACTEncoderLayer(nn.Module):
     """Self-attention + feed-forward block (DETR's), post-norm or pre-norm; tokens `(B, S, D)`.
 
@@ -123,12 +146,12 @@ class ACTEncoderLayer(nn.Module):
         dim = config.dim_model
         self.self_attn = nn.MultiheadAttention(dim, config.n_heads, dropout=config.dropout, batch_first=True)
         self.linear1 = nn.Linear(dim, config.dim_feedforward)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
         self.linear2 = nn.Linear(config.dim_feedforward, dim)
         self.norm1 = nn.LayerNorm(dim)
         self.norm2 = nn.LayerNorm(dim)
-        self.dropout1 = nn.Dropout(config.dropout)
-        self.dropout2 = nn.Dropout(config.dropout)
+        self.dropout1 = Dropout(config.dropout)
+        self.dropout2 = Dropout(config.dropout)
         self.activation = _ACTIVATIONS[config.feedforward_activation]
         self.pre_norm = config.pre_norm
 
@@ -176,14 +199,14 @@ class ACTDecoderLayer(nn.Module):
             dim, config.n_heads, dropout=config.dropout, batch_first=True
         )
         self.linear1 = nn.Linear(dim, config.dim_feedforward)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
         self.linear2 = nn.Linear(config.dim_feedforward, dim)
         self.norm1 = nn.LayerNorm(dim)
         self.norm2 = nn.LayerNorm(dim)
         self.norm3 = nn.LayerNorm(dim)
-        self.dropout1 = nn.Dropout(config.dropout)
-        self.dropout2 = nn.Dropout(config.dropout)
-        self.dropout3 = nn.Dropout(config.dropout)
+        self.dropout1 = Dropout(config.dropout)
+        self.dropout2 = Dropout(config.dropout)
+        self.dropout3 = Dropout(config.dropout)
         self.activation = _ACTIVATIONS[config.feedforward_activation]
         self.pre_norm = config.pre_norm
 
