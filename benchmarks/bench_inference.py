@@ -125,13 +125,15 @@ def use_conv1d_layers(policy: DiffusionPolicy) -> DiffusionPolicy:
 
 # ----------------------------------------------------------------------------------------------- setup
 def synthetic_stats(policy_cfg) -> dict:
-    """Normalization statistics from the features' declared bounds (images: mean 0.5, std 0.25)."""
+    """Normalization statistics from the features' declared bounds (images: mean 0.5, std 0.25; other
+    features: their bounds, and the mean and std of a uniform distribution over them)."""
     stats = {}
     for key, feature in {**policy_cfg.input_features, **policy_cfg.output_features}.items():
         if feature.kind == "visual":
             stats[key] = {"mean": torch.full((3, 1, 1), 0.5), "std": torch.full((3, 1, 1), 0.25)}
         else:
-            stats[key] = {"min": torch.as_tensor(feature.low), "max": torch.as_tensor(feature.high)}
+            low, high = torch.as_tensor(feature.low), torch.as_tensor(feature.high)
+            stats[key] = {"min": low, "max": high, "mean": (low + high) / 2, "std": (high - low) / 12**0.5}
     return stats
 
 
