@@ -256,12 +256,7 @@ def validate_config(cfg: DictConfig | dict) -> DictConfig:
     Every default of the root sections is filled in; the `policy` section is checked and completed against its
     registered dataclass by `lerobot.policy_registry.validate_run_config`, which calls this first.
     """
-    try:
-        merged = OmegaConf.merge(OmegaConf.structured(RootConfig), cfg)
-    except OmegaConfBaseException as e:
-        key = getattr(e, "full_key", None)
-        where = f" at {key}" if key else ""
-        raise ConfigError(f"invalid config{where}: {_first_line(e)}") from None
+    merged = merge_schema(RootConfig, cfg, "config")
     for key, feat in merged.env.features.items():
         if feat.kind not in FEATURE_KINDS:
             raise ConfigError(f"env.features.{key}.kind={feat.kind!r}: expected one of {FEATURE_KINDS}")
@@ -376,6 +371,17 @@ def _observation_keys_of_env_yaml(name: str) -> dict[str, str]:
 def env_config(cfg: DictConfig) -> EnvConfig:
     """The env section as a typed `EnvConfig` object (with its helper methods)."""
     return OmegaConf.to_object(cfg.env) if isinstance(cfg.env, DictConfig) else cfg.env
+
+
+def merge_schema(schema: type, section: Any, name: str, key_prefix: str = "") -> DictConfig:
+    """`section` merged into the dataclass `schema`, its defaults filled in; an unknown key or a wrong type
+    is one `ConfigError`: "invalid <name> at <key_prefix><key>: <OmegaConf's first line>"."""
+    try:
+        return OmegaConf.merge(OmegaConf.structured(schema), section)
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None)
+        where = f" at {key_prefix}{key}" if key else ""
+        raise ConfigError(f"invalid {name}{where}: {_first_line(e)}") from None
 
 
 def _first_line(e: Exception) -> str:

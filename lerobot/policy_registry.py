@@ -20,10 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 from torch import nn
 
-from lerobot.config import EnvConfig, InferenceConfig, env_config, validate_config
+from lerobot.config import EnvConfig, InferenceConfig, env_config, merge_schema, validate_config
 from lerobot.errors import ConfigError
 from lerobot.policy_config import PolicyConfig
 
@@ -99,13 +98,7 @@ def make_policy_config(policy_section: DictConfig | dict, env_cfg: EnvConfig) ->
     config_cls = policy_config_class(section.get("name"))
     section.pop("input_features", None)
     section.pop("output_features", None)
-    try:
-        merged = OmegaConf.merge(OmegaConf.structured(config_cls), section)
-    except OmegaConfBaseException as e:
-        key = getattr(e, "full_key", None)
-        where = f" at policy.{key}" if key else ""
-        raise ConfigError(f"invalid policy config{where}: {str(e).strip().splitlines()[0]}") from None
-    cfg: PolicyConfig = OmegaConf.to_object(merged)
+    cfg: PolicyConfig = OmegaConf.to_object(merge_schema(config_cls, section, "policy config", "policy."))
     cfg.input_features = env_cfg.input_features()
     cfg.output_features = env_cfg.output_features()
     cfg.resolve_defaults()
