@@ -76,14 +76,16 @@ class _Conv2dWeightGradFp32(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, dtype, stride, padding, dilation, groups):
         low_weight = weight.to(dtype)
-        ctx.save_for_backward(x, low_weight)
+        # The fp32 weight too: the weight gradient's convolution takes a weight of its dtype (only its shape
+        # counts there), which casting the low-precision copy back would cost a copy per step.
+        ctx.save_for_backward(x, weight, low_weight)
         ctx.conv = (stride, padding, dilation, groups)
         ctx.has_bias = bias is not None
         return nn.functional.conv2d(x, low_weight, bias.to(dtype) if bias is not None else None, *ctx.conv)
 
     @staticmethod
     def backward(ctx, grad):
-        x, low_weight = ctx.saved_tensors
+        x, weight, low_weight = ctx.saved_tensors
         stride, padding, dilation, groups = ctx.conv
         grad_x = grad_w = grad_b = None
         conv_args = (stride, padding, dilation, False, (0, 0), groups)
@@ -93,7 +95,7 @@ class _Conv2dWeightGradFp32(torch.autograd.Function):
             )[0]
         if ctx.needs_input_grad[1]:
             grad_w = torch.ops.aten.convolution_backward(
-                grad.float(), x.float(), low_weight.float(), None, *conv_args, (False, True, False)
+                grad.float(), x.float(), weight, None, *conv_args, (False, True, False)
             )[1]
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_b = grad.float().sum(dim=(0, 2, 3))
