@@ -30,6 +30,7 @@ import lerobot  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads)
 # isort: on
 import argparse
 import contextlib
+import functools
 import json
 import statistics
 import tempfile
@@ -145,7 +146,7 @@ def _training_batch(policy_cfg, batch_size: int) -> dict[str, torch.Tensor]:
     if policy_cfg.name == "tdmpc":
         steps, horizon = policy_cfg.horizon + 1, policy_cfg.horizon
     else:  # the frames the dataset gives one sample: observations, then the action sequence
-        offsets = policy_cfg.delta_timestamps(10)
+        offsets = policy_cfg.delta_timestamps(10)  # any fps: only the number of offsets is used
         steps = len(next(offsets[k] for k in policy_cfg.input_features))
         horizon = len(offsets[policy_cfg.action_key])
     batch = {k: torch.rand(batch_size, steps, *f.shape) for k, f in policy_cfg.input_features.items()}
@@ -353,12 +354,10 @@ def main() -> int:
     if cuda or args.cpu_fallback:
         device = torch.device("cuda" if cuda else "cpu")
         tiny = not cuda
+        runs = {**SECTIONS, "recipe_segment": functools.partial(recipe_segment, data_root=args.data_root)}
         for name in args.sections:
             try:
-                fn = SECTIONS[name]
-                sections[name] = (
-                    fn(device, tiny, args.data_root) if name == "recipe_segment" else fn(device, tiny)
-                )
+                sections[name] = runs[name](device, tiny)
             except Exception:  # noqa: BLE001 - a failing section is reported, the others still run
                 sections[name] = {"status": "failed", "error": traceback.format_exc(limit=3)}
                 failed = True
