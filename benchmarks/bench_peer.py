@@ -73,6 +73,10 @@ class Peer:
         self.proc.wait(timeout=60)
 
 
+# The Python of a virtual environment with LeRobot installed (`$LEROBOT_VENV`).
+DEFAULT_PEER_PYTHON = Path(os.environ.get("LEROBOT_VENV", "lerobot-venv")) / "bin" / "python"
+
+
 def cpu_vendor(cpu: str) -> str:
     """`intel`, `amd` or `other`, from a CPU model name."""
     for vendor in ("intel", "amd"):
@@ -103,7 +107,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--peer-python",
         type=Path,
-        default=Path(os.environ.get("LEROBOT_VENV", "lerobot-venv")) / "bin" / "python",
+        default=DEFAULT_PEER_PYTHON,
         help="a Python with LeRobot 0.6.x installed",
     )
     args = parser.parse_args(argv)

@@ -48,18 +48,24 @@ PUSHT_IMAGE = {
 }
 
 
-def diffusion_setup():
-    """LeRobot's Diffusion Policy with its PushT image setup and a random batch of 64."""
-    config = DiffusionConfig(
+def diffusion_config(**overrides) -> DiffusionConfig:
+    """LeRobot's `DiffusionConfig` with its PushT image setup (its hub checkpoint `lerobot/diffusion_pusht`),
+    which differs from the class defaults, and `overrides`; ImageNet weights (the same compute) would need a
+    download."""
+    return DiffusionConfig(
         **PUSHT_IMAGE,
-        # LeRobot's PushT setup (its hub checkpoint `lerobot/diffusion_pusht`), which differs from the
-        # class defaults; ImageNet weights (the same compute) would need a download.
         horizon=HORIZON,
         n_action_steps=8,
         crop_shape=(84, 84),
         use_group_norm=True,
         pretrained_backbone_weights=None,
+        **overrides,
     )
+
+
+def diffusion_setup():
+    """LeRobot's Diffusion Policy with its PushT image setup and a random batch of 64."""
+    config = diffusion_config()
     torch.manual_seed(0)
     policy = DiffusionPolicy(config)
     batch = {
