@@ -10,7 +10,9 @@ episodes capped at `--episode-steps`, DDIM with `--ddim-steps`), with no video. 
 `eval_policy` on `policy=diffusion env=pusht` in two settings: fp32 (the defaults) and `inference.fast=true
 inference.dtype=bfloat16`, after an untimed warm-up evaluation of each. Per round LeRobot, then each of ours,
 so that load drift hits every column alike; ratios are per round, then the median. Each side times its
-`eval_policy` call alone (building the policy and the envs is outside). Writes results/peer_eval_<cpu
+`eval_policy` call alone: building the policy and the envs is outside, and so is entering
+`lerobot.accel.accelerated` (the fast path's one-time weight preparation, which `scripts/eval.py` pays once
+per evaluation). Writes results/peer_eval_<cpu
 vendor>.json, one row per `--n-envs` (a run keeps the rows of the other env counts).
 """
 
@@ -47,7 +49,8 @@ SETTINGS = {
 def peer_seconds(python: Path, threads: int, n_envs: int, episodes: int, steps: int, ddim: int) -> float:
     """Wall time of LeRobot's `eval_policy`, from one run of `peer_lerobot_eval.py`."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    args = [str(python), "peer_lerobot_eval.py", *map(str, (threads, n_envs, episodes, steps, ddim))]
+    script = Path(__file__).with_name("peer_lerobot_eval.py")
+    args = [str(python), str(script), *map(str, (threads, n_envs, episodes, steps, ddim))]
     out = subprocess.run(args, env=env, check=True, capture_output=True, text=True).stdout
     line = next(x for x in out.splitlines() if x.startswith("seconds "))
     return float(line.split()[1])
