@@ -12,8 +12,8 @@ inference.dtype=bfloat16`, after an untimed warm-up evaluation of each. Per roun
 so that load drift hits every column alike; ratios are per round, then the median. Each side times its
 `eval_policy` call alone: building the policy and the envs is outside, and so is entering
 `lerobot.accel.accelerated` (the fast path's one-time weight preparation, which `scripts/eval.py` pays once
-per evaluation). Writes results/peer_eval_<cpu
-vendor>.json, one row per `--n-envs` (a run keeps the rows of the other env counts).
+per evaluation). Writes results/peer_eval_<cpu vendor>.json, one row per `--n-envs` (a run keeps the rows
+of the other env counts).
 """
 
 from __future__ import annotations
