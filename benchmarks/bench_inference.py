@@ -549,10 +549,10 @@ def parity(
     from lerobot.checkpoints.run import load_run_policy, resolve_checkpoint_dir
     from lerobot.cli.compose import checkpoint_config
     from lerobot.config import env_config
+    from lerobot.distributed import set_seed
     from lerobot.envs import make_env
     from lerobot.envs.observation import observation_to_batch
     from lerobot.rollout import eval_policy
-    from lerobot.seeding import set_seed
 
     ckpt = resolve_checkpoint_dir(checkpoint)
     common = [f"eval.n_episodes={n_episodes}", f"eval.batch_size={batch}", f"eval.start_seed={start_seed}"]

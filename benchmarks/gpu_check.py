@@ -51,7 +51,7 @@ from lerobot.config import InferenceConfig, env_config
 from lerobot.constants import ACTION_IS_PAD
 from lerobot.evaluation import evaluate
 from lerobot.policy_registry import make_policy, make_policy_config
-from lerobot.runtime.atomic import write_json
+from lerobot.runtime.files import write_json
 from lerobot.training.update import TrainStep, to_device
 
 IMAGE = ["policy=diffusion", "env=pusht"]

@@ -27,7 +27,7 @@ FEATURE_KINDS = (VISUAL, STATE, ENV_STATE, ACTION_KIND)
 WHOLE_OBSERVATION = "."
 # Where the YAML configs live (Hydra's primary config directory).
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
-# Values `device` accepts (resolved by `lerobot.devices.resolve_device`).
+# Values `device` accepts (resolved by `lerobot.distributed.resolve_device`).
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?|mps")
 
 

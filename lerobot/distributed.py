@@ -1,4 +1,5 @@
-"""Data-parallel training and sharded evaluation on N processes, on torch.distributed.
+"""The processes of a run: the device each uses (`resolve_device`), their random states (`set_seed`,
+`get_rng_state`), and data-parallel training and sharded evaluation on N of them, on torch.distributed.
 
 Launch with `torchrun --nproc_per_node N scripts/train.py ...` (or `accelerate launch`, or `srun` with
 torchrun on each node): the launcher sets `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR` and
@@ -31,12 +32,15 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
+import logging
 import os
+import random
 import re
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
@@ -44,6 +48,8 @@ from torch import Tensor, nn
 from lerobot.errors import ConfigError
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 # Whether this module created the process group (and so destroys it in `shutdown`); a caller that set up
 # its own group keeps it.
@@ -71,6 +77,70 @@ _GLOO_FAILURE = re.compile(r"gloo/transport|Connection (closed|reset) by peer|Ti
 # The timeout of the host-side collectives in effect, and whether it is the training step's.
 _timeout_s = LONG_TIMEOUT.total_seconds()
 _step_timeout = False
+
+
+def resolve_device(name: str) -> torch.device:
+    """The torch device that `device=<name>` asks for (see `RootConfig.device`), set up for use.
+
+    `auto` picks CUDA when a GPU is present, else MPS (Apple GPU) where available, else the CPU. A named device
+    that this machine lacks (`cuda` without a GPU, `cuda:1` with one GPU, `mps` off a Mac) is a config error.
+    On CUDA, float32 matmuls and convolutions use TF32 (bf16 autocast is `training.use_amp`).
+    """
+    if name == "auto":
+        if torch.cuda.is_available():
+            name = "cuda"
+        elif torch.backends.mps.is_available():
+            name = "mps"
+        else:
+            name = "cpu"
+    device = torch.device(name)
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if (device.index or 0) >= count:
+            have = f"{count} CUDA GPU(s) (cuda:0..cuda:{count - 1})" if count else "no CUDA GPU"
+            raise ConfigError(f"device={name} but this machine has {have}; use device=auto or device=cpu")
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(
+            f"device={name} but MPS (Apple GPU) is not available here; use device=auto or device=cpu"
+        )
+    log.info("device: %s", describe_device(device))
+    return device
+
+
+def describe_device(device: torch.device) -> str:
+    """`device` as the start-up line shows it, e.g. `cuda:0 (NVIDIA H200)` or `cpu (2 threads)`."""
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return f"cuda:{index} ({torch.cuda.get_device_name(index)}, TF32 matmuls)"
+    if device.type == "cpu":
+        return f"cpu ({torch.get_num_threads()} threads)"
+    return str(device)
+
+
+def set_seed(seed: int) -> None:
+    """Seed python, numpy and torch."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def get_rng_state() -> dict[str, Any]:
+    """Python, numpy and torch (CPU and CUDA) random states."""
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what `get_rng_state` returned."""
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def world_size() -> int:

@@ -23,7 +23,7 @@ from lerobot.envs import make_env, resolve_use_async
 from lerobot.errors import ConfigError
 from lerobot.policies.policy import Policy
 from lerobot.rollout import aggregate_episodes, eval_policy
-from lerobot.runtime.atomic import TemporaryDir, write_json
+from lerobot.runtime.files import TemporaryDir, write_json
 
 log = logging.getLogger(__name__)
 

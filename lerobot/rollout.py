@@ -42,7 +42,7 @@ from lerobot.envs.faults import Watchdog, close_now, worker_call
 from lerobot.envs.observation import observation_to_batch
 from lerobot.errors import EnvWorkerError, NonFiniteActionError
 from lerobot.policies.policy import Policy
-from lerobot.runtime.atomic import atomic_write, no_space_error
+from lerobot.runtime.files import atomic_write, no_space_error
 
 if TYPE_CHECKING:
     from lerobot.datasets.recording import EpisodeRecorder

@@ -34,14 +34,13 @@ import lerobot.training.online as online
 from lerobot.accel import accelerated
 from lerobot.cli import compose_config, train_main
 from lerobot.config import InferenceConfig, env_config
-from lerobot.devices import resolve_device
+from lerobot.distributed import resolve_device
 from lerobot.errors import ConfigError
 from lerobot.policies.diffusion.modeling import DiffusionPolicy
 from lerobot.policy_registry import make_policy, make_policy_config
-from lerobot.training.pace import CPU_RECIPE, cpu_run_warning
 from lerobot.training.progress import TrainingLoop
 from lerobot.training.replay_buffer import ReplayBuffer
-from lerobot.training.update import StepMetrics, TrainStep
+from lerobot.training.update import CPU_RECIPE, StepMetrics, TrainStep, cpu_run_warning
 
 TORCH_OPTIM = str(Path(torch.optim.__file__).parent)
 
@@ -290,7 +289,7 @@ def test_device_auto_is_the_default_and_resolves_to_what_is_here(caplog):
     cfg = compose_config(["policy=diffusion", "env=pusht_keypoints"])
     assert cfg.device == "auto"
     expected = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
-    with caplog.at_level(logging.INFO, logger="lerobot.devices"):
+    with caplog.at_level(logging.INFO, logger="lerobot.distributed"):
         assert resolve_device("auto").type == expected
     assert f"device: {expected}" in caplog.text
     assert resolve_device("cpu") == torch.device("cpu")
@@ -329,9 +328,9 @@ def test_cpu_run_warning_estimates_hours_and_names_the_recipe():
 
 
 def test_a_slow_cpu_run_warns_at_start_and_still_runs(tmp_path, data_args, monkeypatch, caplog):
-    monkeypatch.setattr("lerobot.training.pace.CPU_WARN_HOURS", 1e-7)  # any run is "slow"
+    monkeypatch.setattr("lerobot.training.update.CPU_WARN_HOURS", 1e-7)  # any run is "slow"
     args = [*TINY_OFFLINE, "env=pusht_keypoints", *data_args, "training.steps=4", "eval.freq=0"]
-    with caplog.at_level(logging.WARNING, logger="lerobot.training.pace"):
+    with caplog.at_level(logging.WARNING, logger="lerobot.training.update"):
         assert train_main([*args, "device=cpu", f"output_dir={tmp_path}"]) == 0
     warnings = [r.getMessage() for r in caplog.records if CPU_RECIPE in r.getMessage()]
     assert len(warnings) == 1 and "s per step, 1 steps left" in warnings[0]

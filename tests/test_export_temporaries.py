@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from test_dataset import ZARR, write_fake_zarr
 
-from lerobot.runtime.atomic import (
+from lerobot.runtime.files import (
     UNLOCKED_GRACE_S,
     WRITER_LOCK_FILE,
     TemporaryDir,

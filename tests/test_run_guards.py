@@ -44,7 +44,7 @@ from lerobot.checkpoints.run import (
 from lerobot.cli import eval_main, train_main
 from lerobot.errors import CheckpointError, RunDirError
 from lerobot.runtime.checksums import CHECKSUMS_FILE
-from lerobot.runtime.lock import LOCK_FILE, RunLock, lock_run_dir, release_run_dir
+from lerobot.runtime.files import LOCK_FILE, RunLock, lock_run_dir, release_run_dir
 
 REPO = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent

@@ -35,7 +35,7 @@ from lerobot.config import EnvConfig, FeatureConfig
 from lerobot.errors import ConfigError, PretrainedError
 from lerobot.policy_config import PolicyConfig
 from lerobot.policy_registry import make_policy
-from lerobot.runtime.atomic import atomic_write, write_text
+from lerobot.runtime.files import atomic_write, write_text
 
 CONFIG_JSON = "config.json"
 MODEL_FILE = "model.safetensors"

@@ -47,7 +47,6 @@ from lerobot.policy_registry import (
     policy_config_class,
     validate_run_config,
 )
-from lerobot.runtime.atomic import no_space_error
 from lerobot.runtime.checksums import (
     CHECKSUMS_FILE,
     file_sha256,
@@ -55,7 +54,7 @@ from lerobot.runtime.checksums import (
     verify_checksum,
     write_checksums,
 )
-from lerobot.runtime.lock import open_dir, try_flock, verify_run_dir
+from lerobot.runtime.files import no_space_error, open_dir, try_flock, verify_run_dir
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +98,7 @@ def save_checkpoint(
     `data_fingerprint` (the training data's, when the run reads a dataset) goes to `data_fingerprint.json`.
     Raises `NonFiniteWeightsError` (writing nothing) when the weights to save, or the policy's own, are not
     finite, `CheckpointError` naming the path and the space needed when the disk is full, and `RunDirError`
-    when this process no longer owns `run_dir` (`lerobot.runtime.lock.verify_run_dir`) or `last` points at
+    when this process no longer owns `run_dir` (`lerobot.runtime.files.verify_run_dir`) or `last` points at
     a later step (another writer); in every failure the temporary directory is removed and the previous
     checkpoints stay as they were.
     """

@@ -19,11 +19,9 @@ from lerobot.cli.exit import run_command
 from lerobot.cli.train import add_config_dir_argument
 from lerobot.config import env_config
 from lerobot.constants import EVAL_INFO_FILE
-from lerobot.devices import resolve_device
 from lerobot.errors import ConfigError
 from lerobot.evaluation import earlier_evaluation, evaluate, remove_evaluation
 from lerobot.policy_registry import make_policy, make_policy_config
-from lerobot.seeding import set_seed
 
 
 def _eval_output_dir(flag: Path | None, overrides: list[str]) -> Path | None:
@@ -90,16 +88,16 @@ def _eval(argv: list[str] | None) -> int:
         else:  # a hub-layout directory (save_pretrained's or a LeRobot pretrained_model) or repo
             cfg = pretrained_config(read_spec(source.path), args.overrides, search_path=args.config_dir)
         policy = load_for_run(source, cfg)  # checks the env's features before building the device
-        device = distributed.init(resolve_device(cfg.device))
+        device = distributed.init(distributed.resolve_device(cfg.device))
         policy = policy.to(device)
     else:
         cfg = compose_config(args.overrides, search_path=args.config_dir)
         policy_cfg = make_policy_config(cfg.policy, env_config(cfg))
         if policy_cfg.training_mode != "none":
             raise ConfigError(f"policy {policy_cfg.name!r} needs trained weights: pass --checkpoint DIR")
-        device = distributed.init(resolve_device(cfg.device))
+        device = distributed.init(distributed.resolve_device(cfg.device))
         policy = make_policy(policy_cfg).to(device)
-    set_seed(cfg.seed)
+    distributed.set_seed(cfg.seed)
     env_cfg = env_config(cfg)
     if out_dir is None:  # one name for all processes
         out_dir = distributed.on_main(lambda: _default_output_dir(env_cfg.name, cfg.policy.name))

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from lerobot import distributed
 from lerobot.errors import EXPECTED_ERRORS
-from lerobot.runtime.atomic import no_space_error
+from lerobot.runtime.files import no_space_error
 from lerobot.runtime.signals import EXIT_CODES, STOP_SIGNALS, StopAborted, ignore_stop_signals
 
 

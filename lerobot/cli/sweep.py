@@ -22,10 +22,10 @@ from lerobot.cli.compose import compose_config, search_path_override
 from lerobot.config import CONFIG_DIR
 from lerobot.errors import EXPECTED_ERRORS, ConfigError
 from lerobot.policy_registry import validate_run_config
-from lerobot.runtime.atomic import write_text
+from lerobot.runtime.files import write_text
 from lerobot.runtime.signals import stop_on_signals
 from lerobot.training import train
-from lerobot.training.logger import METRICS_FILE
+from lerobot.training.progress import METRICS_FILE
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ from safetensors import SafetensorError
 from safetensors.numpy import load_file
 
 from lerobot.errors import DatasetError, DatasetNotFoundError
-from lerobot.runtime.atomic import NO_SPACE_ERRNOS
+from lerobot.runtime.files import NO_SPACE_ERRNOS
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ What is written (the layout LeRobot 0.4-0.6 reads; see `lerobot.datasets.lerobot
   video file indices, `dataset_{from,to}_index`, `videos/<key>/{from,to}_timestamp`, `stats/<key>/<stat>`).
 
 Statistics come exactly from the per-episode sums of the converted dataset. The directory is written beside
-`out_dir` (`.<name>.tmp-*`, locked by its writer: `lerobot.runtime.atomic.TemporaryDir`) and renamed into
+`out_dir` (`.<name>.tmp-*`, locked by its writer: `lerobot.runtime.files.TemporaryDir`) and renamed into
 place at the end, so an interrupted export leaves nothing that looks finished; the next export into the same
 `out_dir` deletes what a killed one left (and leaves a running one's alone).
 """
@@ -53,7 +53,7 @@ from lerobot.datasets.lerobot_format import (
     VIDEO_PATH,
 )
 from lerobot.errors import DatasetError
-from lerobot.runtime.atomic import TemporaryDir, remove_stale_temporary_dirs, write_json
+from lerobot.runtime.files import TemporaryDir, remove_stale_temporary_dirs, write_json
 
 log = logging.getLogger(__name__)
 

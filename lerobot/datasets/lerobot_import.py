@@ -68,7 +68,7 @@ from lerobot.datasets.lerobot_format import (
 )
 from lerobot.datasets.pusht_import import default_cache_dir
 from lerobot.errors import ConfigError, DatasetError, DatasetNotFoundError
-from lerobot.runtime.atomic import write_json
+from lerobot.runtime.files import write_json
 
 log = logging.getLogger(__name__)
 

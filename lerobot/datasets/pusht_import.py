@@ -89,7 +89,7 @@ from lerobot.datasets.pusht_rules import (
     coverage_reward,
 )
 from lerobot.errors import DatasetError, DatasetNotFoundError
-from lerobot.runtime.atomic import write_json
+from lerobot.runtime.files import write_json
 
 log = logging.getLogger(__name__)
 

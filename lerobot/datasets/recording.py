@@ -36,7 +36,7 @@ from lerobot.datasets.format import (
 )
 from lerobot.datasets.lerobot_export import export_lerobot_dataset
 from lerobot.errors import DatasetError
-from lerobot.runtime.atomic import TemporaryDir, write_json
+from lerobot.runtime.files import TemporaryDir, write_json
 
 NEXT_REWARD, NEXT_SUCCESS, NEXT_DONE = "next.reward", "next.success", "next.done"
 EPISODE_SEED = "episode.seed"

@@ -25,7 +25,7 @@ from lerobot.constants import VISUAL
 from lerobot.envs.faults import close_now, kill_workers, worker_call
 from lerobot.envs.worker import build_env, build_worker_env
 from lerobot.errors import ConfigError, EnvWorkerError
-from lerobot.runtime.atomic import write_json
+from lerobot.runtime.files import write_json
 
 log = logging.getLogger(__name__)
 

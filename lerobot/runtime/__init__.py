@@ -1,9 +1,9 @@
 """Run guards: what keeps a run's files whole and its end clean, below everything that writes files.
 
-- `atomic`: every file is written to a temporary sibling and renamed into place (`atomic_write`), so a kill
-  leaves the old file or the new one, never half of one; a full disk is one line naming the file.
+- `files`: every file is written to a temporary sibling and renamed into place (`atomic_write`), so a kill
+  leaves the old file or the new one, never half of one; a full disk is one line naming the file; and one
+  writer per run directory (`RunLock`).
 - `checksums`: the sha256 of each checkpoint file, verified before it is read.
-- `lock`: one writer per run directory.
 - `signals`: SIGTERM/SIGUSR1/Ctrl-C become a clean stop at a step boundary.
 
 Importing this package imports no torch (env and loader workers use `signals`).

@@ -11,7 +11,7 @@ from lerobot.config import env_config
 from lerobot.errors import ConfigError
 from lerobot.policy_config import OFFLINE, ONLINE
 from lerobot.policy_registry import make_policy_config
-from lerobot.runtime.lock import release_run_dir
+from lerobot.runtime.files import release_run_dir
 from lerobot.training.offline import train_offline
 from lerobot.training.online import train_online
 

@@ -23,18 +23,14 @@ from lerobot import distributed
 from lerobot.checkpoints.run import load_training_state, save_checkpoint
 from lerobot.config import env_config
 from lerobot.datasets import EpisodeDataset, cycle_batches, dataset_fingerprint, import_dataset, make_dataset
-from lerobot.devices import resolve_device
 from lerobot.errors import ConfigError
 from lerobot.policies.online_policy import OnlinePolicy
 from lerobot.policies.policy import Policy
 from lerobot.policy_config import PolicyConfig
 from lerobot.policy_registry import make_policy
-from lerobot.seeding import get_rng_state, set_rng_state, set_seed
-from lerobot.training.divergence import DivergenceGuard
-from lerobot.training.pace import CpuPace
 from lerobot.training.progress import TrainingLoop
-from lerobot.training.run_dir import check_training_data, setup_run
-from lerobot.training.update import TrainStep, to_device
+from lerobot.training.run_dir import DivergenceGuard, check_training_data, setup_run
+from lerobot.training.update import CpuPace, TrainStep, to_device
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +104,7 @@ def save(
 ) -> None:
     """Checkpoint `step`: the EMA weights (when used) as the model, everything `restore` needs besides, and
     the fingerprint of the training data (`data`, from `dataset_fingerprint`) when given."""
-    training_state = {**update.state_dict(), "rng": get_rng_state(), "step": step}
+    training_state = {**update.state_dict(), "rng": distributed.get_rng_state(), "step": step}
     with update.averaged_weights():
         model = {k: v.clone() for k, v in policy.state_dict().items()}
     save_checkpoint(run_dir, step, policy, cfg, training_state, eval_state_dict=model, data_fingerprint=data)
@@ -131,13 +127,13 @@ def train_offline(cfg: DictConfig, policy_cfg: PolicyConfig, progress: bool = Tr
     env_cfg = env_config(cfg)
     batch_size = cfg.training.batch_size or policy_cfg.batch_size  # the global batch
     distributed.shard_size(batch_size)  # fails before any process waits for another
-    device = distributed.init(resolve_device(cfg.device))
+    device = distributed.init(distributed.resolve_device(cfg.device))
     # The main process names and creates the run directory (and converts the data once); the others use it.
     run_dir, resume_from = distributed.on_main(lambda: setup_run(cfg))
     cfg.output_dir = str(run_dir)
     distributed.on_main(lambda: import_dataset(cfg.dataset))
     # Every process draws the same random numbers: each takes its slice of the global batch's draws.
-    set_seed(cfg.seed)
+    distributed.set_seed(cfg.seed)
     dataset = make_dataset(cfg.dataset, env_cfg, policy_cfg.delta_timestamps(env_cfg.fps), split="train")
     data = dataset_fingerprint(cfg.dataset, dataset.root)
     if resume_from is not None:  # the checkpoint's data, unless training.allow_other_data
@@ -159,7 +155,7 @@ def train_offline(cfg: DictConfig, policy_cfg: PolicyConfig, progress: bool = Tr
         shard=(distributed.rank(), distributed.world_size()),
     )
     if rng is not None:
-        set_rng_state(rng)
+        distributed.set_rng_state(rng)
 
     window = _LogWindow(batch_size)
     pace = CpuPace(device, cfg.training.steps - step)

@@ -38,21 +38,19 @@ import torch
 from gymnasium.vector import AutoresetMode
 from omegaconf import DictConfig
 
+from lerobot import distributed
 from lerobot.checkpoints.run import load_training_state, read_weights, save_checkpoint
 from lerobot.config import EnvConfig, env_config
 from lerobot.constants import ACTION, EPISODE_INDEX, NEXT_REWARD
-from lerobot.devices import resolve_device
 from lerobot.envs import make_env, observation_to_batch
 from lerobot.errors import ConfigError
 from lerobot.policies.online_policy import OnlinePolicy
 from lerobot.policy_config import PolicyConfig
 from lerobot.policy_registry import make_policy
 from lerobot.rollout import act
-from lerobot.seeding import get_rng_state, set_rng_state, set_seed
-from lerobot.training.divergence import DivergenceGuard
 from lerobot.training.progress import TrainingLoop
 from lerobot.training.replay_buffer import ReplayBuffer, sample_mixed
-from lerobot.training.run_dir import check_training_data, setup_run
+from lerobot.training.run_dir import DivergenceGuard, check_training_data, setup_run
 from lerobot.training.update import TrainStep, to_device
 
 log = logging.getLogger(__name__)
@@ -335,7 +333,7 @@ def checkpoint_state(
         "schedule": schedule.state_dict(),
         "transitions": counts.transitions,
         "updates": counts.updates,
-        "rng": get_rng_state(),
+        "rng": distributed.get_rng_state(),
         "train_time_s": counts.train_time_s,
     }
     if buffer is not None:
@@ -354,7 +352,7 @@ def restore(
     update.load_state_dict(state, weights=None if "model" in state else read_weights(ckpt_dir)[0])
     schedule.load_state_dict(state["schedule"])
     counts = Counts(state["transitions"], state["updates"], float(state.get("train_time_s", 0.0)))
-    set_rng_state(state["rng"])
+    distributed.set_rng_state(state["rng"])
     if "replay_buffer" in state:
         buffer.load_state_dict(state["replay_buffer"])
     log.info("resumed from %s at %d transitions (%d updates)", ckpt_dir, counts.transitions, counts.updates)
@@ -378,8 +376,8 @@ def train_online(cfg: DictConfig, policy_cfg: PolicyConfig, progress: bool = Tru
         policy_cfg.batch_size = tcfg.batch_size
     if not 0.0 <= tcfg.offline_ratio <= 1.0:
         raise ConfigError(f"training.offline_ratio={tcfg.offline_ratio} must be in [0, 1]")
-    device = resolve_device(cfg.device)
-    set_seed(cfg.seed)
+    device = distributed.resolve_device(cfg.device)
+    distributed.set_seed(cfg.seed)
     policy = make_online_policy(policy_cfg, device)
     horizon = policy.replay_horizon
     schedule = UpdateSchedule.from_config(tcfg)
