@@ -37,7 +37,7 @@ from lerobot.config import env_config
 from lerobot.errors import CheckpointError, NonFiniteWeightsError, RunDirError
 from lerobot.policies.policy import Policy
 from lerobot.policy_registry import make_policy, make_policy_config
-from lerobot.training.run_dir import setup_run
+from lerobot.training.run import setup_run
 
 REPO = Path(__file__).resolve().parents[1]
 KEYPOINTS = [*TINY, "env=pusht_keypoints"]

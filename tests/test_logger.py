@@ -3,7 +3,7 @@
 import json
 
 from lerobot.cli import compose_config
-from lerobot.training.progress import MetricsLogger
+from lerobot.training.run import MetricsLogger
 
 
 def read(path):

@@ -83,7 +83,7 @@ def test_invalid_settings():
 
 def test_training_loop_says_when_log_checkpoint_and_eval_are_due(tmp_path):
     from lerobot.cli import compose_config
-    from lerobot.training.progress import TrainingLoop
+    from lerobot.training.run import TrainingLoop
 
     cfg = compose_config(
         ["policy=tdmpc", "env=pendulum", "training.steps=45", "training.log_freq=10", "training.save_freq=20"]

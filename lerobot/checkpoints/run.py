@@ -10,7 +10,7 @@ Layout of `run_dir/checkpoints/000001000/`:
   pretrained directory (`Policy.from_pretrained`).
 - `training_state.pt` (optional): raw weights, optimizer, LR scheduler, EMA, RNG states, step, extras.
 - `data_fingerprint.json` (optional): what the run trained on (`lerobot.datasets.dataset_fingerprint`), so
-  that a resume on other data is noticed (`lerobot.training.run_dir.check_training_data`).
+  that a resume on other data is noticed (`lerobot.training.run.check_training_data`).
 - `checksums.json`: the sha256 of every other file (`lerobot.runtime.checksums`), checked before each read.
 `run_dir/checkpoints/last` is a symlink to the newest complete checkpoint; it never moves back to an
 earlier step (a save behind it means a second writer). A checkpoint is written into a temporary sibling

@@ -28,8 +28,7 @@ from lerobot.policies.online_policy import OnlinePolicy
 from lerobot.policies.policy import Policy
 from lerobot.policy_config import PolicyConfig
 from lerobot.policy_registry import make_policy
-from lerobot.training.progress import TrainingLoop
-from lerobot.training.run_dir import DivergenceGuard, check_training_data, setup_run
+from lerobot.training.run import DivergenceGuard, TrainingLoop, check_training_data, setup_run
 from lerobot.training.update import CpuPace, TrainStep, to_device
 
 log = logging.getLogger(__name__)
