@@ -228,14 +228,128 @@ class WandbConfig:
     entity: str | None = None
 
 
+OFFLINE = "offline"  # learns from a dataset of demonstrations
+ONLINE = "online"  # learns from its own experience (replay buffer)
+NO_TRAINING = "none"  # baselines
+
+
+@dataclass
+class PolicyConfig:
+    """Shared policy settings: history/queue lengths, features, optimiser and EMA defaults."""
+
+    name: str = ""
+    n_obs_steps: int = 1
+    n_action_steps: int = 1
+    input_features: dict[str, FeatureConfig] = field(default_factory=dict)
+    output_features: dict[str, FeatureConfig] = field(default_factory=dict)
+    # Temporal ensembling (ACT): predict a chunk at every step and execute the mean of all the predictions
+    # made for that step, the i-th oldest weighted by exp(-coeff * i); needs n_action_steps=1. None: off
+    # (chunks are queued and executed). See `lerobot.policies.policy.Policy`.
+    temporal_ensemble_coeff: float | None = None
+
+    # Training defaults; `training.batch_size` overrides `batch_size` when set.
+    training_mode: str = NO_TRAINING
+    batch_size: int | None = 64
+    optimizer_lr: float = 1e-4
+    optimizer_betas: tuple[float, float] = (0.9, 0.999)
+    optimizer_eps: float = 1e-8
+    optimizer_weight_decay: float = 0.0
+    scheduler_name: str = "constant"  # any name diffusers.optimization.get_scheduler accepts
+    scheduler_warmup_steps: int = 0
+    use_ema: bool = False
+    ema_power: float = 0.75
+    ema_max_decay: float = 0.9999
+
+    def resolve_defaults(self) -> None:
+        """Fill the fields whose default depends on the features (left `None` in the dataclass); none by
+        default. Called once, by `lerobot.policy_registry.make_policy_config`, before `validate`."""
+
+    def validate(self) -> None:
+        """Raise `ConfigError` on inconsistent values, changing nothing; subclasses extend it (call super)."""
+        if self.n_obs_steps < 1 or self.n_action_steps < 1:
+            raise ConfigError(
+                f"policy.n_obs_steps={self.n_obs_steps} and policy.n_action_steps={self.n_action_steps} must be >= 1"
+            )
+        if not self.output_features:
+            raise ConfigError(f"policy {self.name!r} has no output (action) feature")
+        if self.temporal_ensemble_coeff is not None:
+            if not self.temporal_ensemble_coeff >= 0:
+                raise ConfigError(
+                    f"policy.temporal_ensemble_coeff={self.temporal_ensemble_coeff} must be >= 0 (or null: off)"
+                )
+            if self.n_action_steps != 1:
+                raise ConfigError(
+                    f"policy.temporal_ensemble_coeff={self.temporal_ensemble_coeff} needs policy.n_action_steps=1 "
+                    f"(got {self.n_action_steps}): ensembling predicts a chunk at every step"
+                )
+        if self.batch_size is not None and self.batch_size < 1:
+            raise ConfigError(f"policy.batch_size={self.batch_size} must be >= 1")
+        if not self.optimizer_lr > 0:
+            raise ConfigError(f"policy.optimizer_lr={self.optimizer_lr} must be a positive number")
+
+    # ------------------------------------------------------------------ features by kind
+    @property
+    def image_features(self) -> dict[str, list[int]]:
+        """`{key: (C, H, W)}` of the visual inputs (cameras), in the order of the input features."""
+        return {k: list(f.shape) for k, f in self.input_features.items() if f.kind == VISUAL}
+
+    @property
+    def state_feature(self) -> tuple[str, int] | None:
+        """`(key, dim)` of the `state` input (the robot's own position), or None."""
+        return self._single_vector(STATE)
+
+    @property
+    def env_state_feature(self) -> tuple[str, int] | None:
+        """`(key, dim)` of the `env_state` input (e.g. keypoints), or None."""
+        return self._single_vector(ENV_STATE)
+
+    @property
+    def action_key(self) -> str:
+        """Batch key of the (single) action feature."""
+        (key,) = self.output_features
+        return key
+
+    def _single_vector(self, kind: str) -> tuple[str, int] | None:
+        found = [(k, f) for k, f in self.input_features.items() if f.kind == kind]
+        if not found:
+            return None
+        if len(found) > 1:
+            raise ConfigError(
+                f"{self.name} policy takes at most one {kind!r} input, got {[k for k, _ in found]}"
+            )
+        key, feature = found[0]
+        if len(feature.shape) != 1:
+            raise ConfigError(f"input feature {key!r} ({kind}) must be a vector, got shape {feature.shape}")
+        return key, feature.shape[0]
+
+    @property
+    def action_dim(self) -> int:
+        """Size of the (single) action feature."""
+        (feature,) = self.output_features.values()
+        return feature.shape[0]
+
+    def delta_timestamps(self, fps: int) -> dict[str, list[float]] | None:
+        """Offsets (seconds) of the dataset frames one training sample needs, per feature; None if none."""
+        return None
+
+    @classmethod
+    def upgrade_saved(cls, section: DictConfig) -> DictConfig:
+        """Rewrite, in place, the keys of a `policy` section saved by an older version (a checkpoint's
+        `config.yaml`) into today's; none by default. Returns `section`."""
+        return section
+
+
 @dataclass
 class RootConfig:
     """The whole run: env, policy, dataset, training, evaluation, logging."""
 
     env: EnvConfig = field(default_factory=EnvConfig)
-    # The chosen policy's dataclass fields (`name` picks the dataclass); filled in by
-    # `lerobot.policy_registry.validate_run_config`.
-    policy: dict[str, Any] = field(default_factory=dict)
+    # The chosen policy's config: a `PolicyConfig` node typed by the policy's registered dataclass (`name`
+    # picks it, e.g. `DiffusionConfig`), every field resolved and validated, the env's features attached,
+    # once `lerobot.policy_registry.validate_run_config` has run (read it with `policy_config`). Declared
+    # `Any` because Hydra composes it before the name is known (a variant YAML in a config dir is a plain
+    # section with `name:` and overrides).
+    policy: Any = None
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
@@ -253,10 +367,19 @@ class RootConfig:
 def validate_config(cfg: DictConfig | dict) -> DictConfig:
     """Merge a composed config into the `RootConfig` schema and check values; raise `ConfigError` if bad.
 
-    Every default of the root sections is filled in; the `policy` section is checked and completed against its
-    registered dataclass by `lerobot.policy_registry.validate_run_config`, which calls this first.
+    Every default of the root sections is filled in. The `policy` section is left out (`policy` is None): it is
+    checked, completed and typed by its registered dataclass in `lerobot.policy_registry.validate_run_config`,
+    which calls this first.
     """
-    merged = merge_schema(RootConfig, cfg, "config")
+    section = policy_section(cfg)
+    if (
+        section is not None and "inference" in section
+    ):  # `policy.inference.fast=true`; a checkpoint's is moved at load
+        old = section["inference"]
+        raise old_inference_keys_error(old if isinstance(old, Mapping) else {})
+    rest = OmegaConf.to_container(cfg) if isinstance(cfg, DictConfig) else dict(cfg)
+    rest.pop("policy", None)
+    merged = merge_schema(RootConfig, rest, "config")
     for key, feat in merged.env.features.items():
         if feat.kind not in FEATURE_KINDS:
             raise ConfigError(f"env.features.{key}.kind={feat.kind!r}: expected one of {FEATURE_KINDS}")
@@ -281,11 +404,35 @@ def validate_config(cfg: DictConfig | dict) -> DictConfig:
         OmegaConf.update(merged, key, value)
     if not DEVICE_PATTERN.fullmatch(str(merged.device)):
         raise ConfigError(f"device={merged.device!r}: expected auto, cpu, cuda, cuda:N or mps")
-    if "inference" in merged.policy:  # e.g. `policy.inference.fast=true`; a checkpoint's is moved at load
-        old = merged.policy.inference
-        raise old_inference_keys_error(old if isinstance(old, DictConfig) else {})
     OmegaConf.to_object(merged.inference).validate()
     return merged
+
+
+def policy_section(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any] | None:
+    """The `policy` section of a composed, saved or validated config as a plain dict, without the env's
+    features (the env section holds them); None when it has none."""
+    section = cfg.get("policy")
+    if not section:
+        return None
+    section = (
+        OmegaConf.to_container(section, resolve=True) if isinstance(section, DictConfig) else dict(section)
+    )
+    section.pop("input_features", None)
+    section.pop("output_features", None)
+    return section
+
+
+def policy_config(cfg: DictConfig) -> PolicyConfig:
+    """The validated run config's policy config as its dataclass (e.g. `DiffusionConfig`), as validation
+    built it."""
+    if not cfg.policy:
+        raise ConfigError("the config names no policy: pass policy=<name> (e.g. policy=diffusion)")
+    kind = OmegaConf.get_type(cfg.policy)
+    if not (isinstance(kind, type) and issubclass(kind, PolicyConfig)):
+        raise ConfigError(
+            "the policy section is not validated yet: build the config with validate_run_config"
+        )
+    return OmegaConf.to_object(cfg.policy)
 
 
 def old_inference_keys_error(settings: Mapping[str, Any]) -> ConfigError:

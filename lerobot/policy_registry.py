@@ -22,9 +22,16 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from lerobot.config import EnvConfig, InferenceConfig, env_config, merge_schema, validate_config
+from lerobot.config import (
+    EnvConfig,
+    InferenceConfig,
+    PolicyConfig,
+    env_config,
+    merge_schema,
+    policy_section,
+    validate_config,
+)
 from lerobot.errors import ConfigError
-from lerobot.policy_config import PolicyConfig
 
 
 @dataclass(frozen=True)
@@ -106,23 +113,14 @@ def make_policy_config(policy_section: DictConfig | dict, env_cfg: EnvConfig) ->
     return cfg
 
 
-def resolved_policy_section(policy_section: DictConfig | dict, env_cfg: EnvConfig) -> dict[str, Any]:
-    """The `policy` section with every field of its dataclass, validated and resolved for `env_cfg`.
-
-    The env-derived `input_features`/`output_features` are left out: the env section holds them.
-    """
-    section = OmegaConf.to_container(OmegaConf.structured(make_policy_config(policy_section, env_cfg)))
-    section.pop("input_features")
-    section.pop("output_features")
-    return section
-
-
 def validate_run_config(cfg: DictConfig | dict) -> DictConfig:
-    """`lerobot.config.validate_config`, then the `policy` section (when it names a policy) validated and
-    completed with every field of its dataclass: the complete, resolved config that checkpoints save."""
+    """`lerobot.config.validate_config`, then the `policy` section (when it names a policy) validated,
+    completed with every field of its dataclass and the env's features, and typed by that dataclass: the
+    complete, resolved config that checkpoints save (`lerobot.config.policy_config` reads it)."""
     merged = validate_config(cfg)
-    if merged.policy:
-        merged.policy = resolved_policy_section(merged.policy, env_config(merged))
+    section = policy_section(cfg)
+    if section:
+        merged.policy = OmegaConf.structured(make_policy_config(section, env_config(merged)))
         check_inference_settings(merged.policy.name, OmegaConf.to_object(merged.inference))
     return merged
 

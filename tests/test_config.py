@@ -53,8 +53,12 @@ def test_experiment_yaml_restates_no_default(path):
 def test_composed_and_saved_config_hold_every_field(name, tmp_path):
     env = "pendulum" if name == "tdmpc" else "pusht_keypoints"
     cfg = compose_config([f"policy={name}", f"env={env}"])
-    want = {f.name for f in fields(policy_config_class(name))} - FEATURE_FIELDS
-    assert set(cfg.policy) == want
+    want = {f.name for f in fields(policy_config_class(name))}
+    # Typed by the policy's dataclass, with the env's features attached.
+    assert OmegaConf.get_type(cfg.policy) is policy_config_class(name) and set(cfg.policy) == want
+    features = env_config(cfg)
+    assert cfg.policy.input_features == features.input_features()
+    assert cfg.policy.output_features == features.output_features()
     # Fields left None by the dataclass for `validate()` to resolve are saved resolved.
     if name == "diffusion":
         assert cfg.policy.down_dims == [256, 512, 1024] and cfg.policy.batch_size == 256

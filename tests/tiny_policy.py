@@ -13,9 +13,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from lerobot.config import InferenceConfig
+from lerobot.config import InferenceConfig, PolicyConfig
 from lerobot.policies.policy import Policy
-from lerobot.policy_config import PolicyConfig
 
 IMAGE_KEY = "observation.images.top"
 STATE_KEY = "observation.state"

@@ -25,9 +25,8 @@ from torch import nn
 
 from lerobot.checkpoints import hub, lerobot_act, lerobot_diffusion, run
 from lerobot.checkpoints.hub import CONFIG_JSON, LEROBOT_MODEL_DIR, PretrainedSpec
-from lerobot.config import EnvConfig, env_config
+from lerobot.config import EnvConfig, PolicyConfig, env_config, policy_config
 from lerobot.errors import ConfigError, PretrainedError
-from lerobot.policy_config import PolicyConfig
 from lerobot.policy_registry import make_policy_config, validate_run_config
 
 # LeRobot policy `type` -> the module that reads its `pretrained_model` directories.
@@ -134,4 +133,4 @@ def load_for_run(source: Source, cfg: DictConfig) -> nn.Module:
         return policy
     spec = read_spec(source.path)
     hub.check_env_features(spec, env_config(cfg))
-    return load_weights(spec, make_policy_config(cfg.policy, env_config(cfg)))
+    return load_weights(spec, policy_config(cfg))

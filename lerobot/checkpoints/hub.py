@@ -31,9 +31,8 @@ from safetensors.torch import load_file
 from safetensors.torch import save as safetensors_save
 from torch import nn
 
-from lerobot.config import EnvConfig, FeatureConfig
+from lerobot.config import EnvConfig, FeatureConfig, PolicyConfig
 from lerobot.errors import ConfigError, PretrainedError
-from lerobot.policy_config import PolicyConfig
 from lerobot.policy_registry import make_policy
 from lerobot.runtime.files import atomic_write, write_text
 
@@ -73,17 +72,22 @@ def features_section(features: Mapping[str, FeatureConfig]) -> dict[str, dict[st
     return {key: OmegaConf.to_container(OmegaConf.structured(f)) for key, f in features.items()}
 
 
-def hub_config(policy_cfg: PolicyConfig, env_cfg: EnvConfig | None = None) -> dict[str, Any]:
-    """The `config.json` content of a policy with config `policy_cfg` (trained on `env_cfg`, if given)."""
+def policy_fields(policy_cfg: PolicyConfig) -> dict[str, Any]:
+    """Every field of `policy_cfg` but its features (the env's, recorded beside it), as plain values."""
     section = OmegaConf.to_container(OmegaConf.structured(policy_cfg))
     section.pop("input_features")
     section.pop("output_features")
+    return section
+
+
+def hub_config(policy_cfg: PolicyConfig, env_cfg: EnvConfig | None = None) -> dict[str, Any]:
+    """The `config.json` content of a policy with config `policy_cfg` (trained on `env_cfg`, if given)."""
     features = {**policy_cfg.input_features, **policy_cfg.output_features}
     return {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "type": policy_cfg.name,
-        "policy": section,
+        "policy": policy_fields(policy_cfg),
         "features": features_section(features),
         "env": None if env_cfg is None else OmegaConf.to_container(OmegaConf.structured(env_cfg)),
     }

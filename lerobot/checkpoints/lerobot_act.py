@@ -39,10 +39,9 @@ from lerobot.checkpoints.lerobot_common import (
     refuse,
     with_own_normalization,
 )
-from lerobot.config import FeatureConfig
+from lerobot.config import FeatureConfig, PolicyConfig
 from lerobot.constants import ACTION, ACTION_KIND, ENV_STATE, OBS_ENV_STATE, OBS_STATE, STATE, VISUAL
 from lerobot.errors import PretrainedError
-from lerobot.policy_config import PolicyConfig
 
 LEROBOT_TYPE = "act"
 SOURCE = "lerobot-0.6-act"

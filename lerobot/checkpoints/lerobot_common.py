@@ -21,11 +21,10 @@ from safetensors.torch import load_file
 from torch import nn
 
 from lerobot.checkpoints.hub import read_json
-from lerobot.config import FeatureConfig
+from lerobot.config import FeatureConfig, PolicyConfig
 from lerobot.constants import ACTION_KIND, ENV_STATE, STATE, VISUAL
 from lerobot.errors import PretrainedError
 from lerobot.normalize import IDENTITY, MEAN_STD, MIN_MAX, Unnormalize
-from lerobot.policy_config import PolicyConfig
 from lerobot.policy_registry import make_policy
 
 # LeRobot's `FeatureType` / `NormalizationMode` names -> this project's feature kinds / modes.

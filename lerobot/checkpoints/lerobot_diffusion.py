@@ -40,10 +40,9 @@ from lerobot.checkpoints.lerobot_common import (
     refuse,
     with_own_normalization,
 )
-from lerobot.config import FeatureConfig
+from lerobot.config import FeatureConfig, PolicyConfig
 from lerobot.constants import VISUAL
 from lerobot.errors import PretrainedError
-from lerobot.policy_config import PolicyConfig
 
 LEROBOT_TYPE = "diffusion"
 SOURCE = "lerobot-0.6"

@@ -36,14 +36,19 @@ from omegaconf import DictConfig, OmegaConf
 from safetensors import safe_open
 from torch import nn
 
-from lerobot.checkpoints.hub import CONFIG_JSON, hub_config_text, serialize_weights, write_weights
+from lerobot.checkpoints.hub import (
+    CONFIG_JSON,
+    hub_config_text,
+    policy_fields,
+    serialize_weights,
+    write_weights,
+)
 from lerobot.checkpoints.space import checkpoint_bytes
-from lerobot.config import env_config, upgrade_saved_config
+from lerobot.config import env_config, policy_config, policy_section, upgrade_saved_config
 from lerobot.errors import CheckpointError, ChecksumError, NonFiniteWeightsError, RunDirError
 from lerobot.policy_registry import (
     available_policies,
     make_policy,
-    make_policy_config,
     policy_config_class,
     validate_run_config,
 )
@@ -247,7 +252,7 @@ def _weights_metadata(cfg: DictConfig) -> dict[str, str]:
     that the checkpoint has checksums. Keys sorted, so that the same content gives the same bytes."""
     features = {k: list(v.shape) for k, v in env_config(cfg).features.items()}
     return {
-        _META_POLICY: json.dumps(OmegaConf.to_container(cfg.policy, resolve=True), sort_keys=True),
+        _META_POLICY: json.dumps(policy_fields(OmegaConf.to_object(cfg.policy)), sort_keys=True),
         _META_FEATURES: json.dumps(features, sort_keys=True),
         _META_ENV: str(cfg.env.name),
         _META_CHECKSUMS: CHECKSUMS_FILE,
@@ -581,7 +586,7 @@ def load_run_policy(
     """
     ckpt_dir = resolve_checkpoint_dir(ckpt_dir)
     cfg = load_config(ckpt_dir) if cfg is None else cfg
-    policy_cfg = make_policy_config(cfg.policy, env_config(cfg))
+    policy_cfg = policy_config(cfg)
     policy = make_policy(policy_cfg)
     state, metadata = read_weights(ckpt_dir)
     weights = ckpt_dir / MODEL_FILE
@@ -594,8 +599,8 @@ def load_run_policy(
     if differ:
         saved = json.loads(metadata[_META_POLICY]) if _META_POLICY in metadata else None
         if saved is None:  # older checkpoint: compare with its config.yaml (catches command-line overrides)
-            saved = OmegaConf.to_container(load_config(ckpt_dir).policy, resolve=True)
-        fields = _differences(saved, OmegaConf.to_container(cfg.policy, resolve=True), "policy")
+            saved = policy_section(load_config(ckpt_dir))
+        fields = _differences(saved, policy_section(cfg), "policy")
         named = "; ".join(f"{k}={b} but the weights were trained with {a}" for k, a, b in fields[:3])
         key, a, b = differ[0]
         raise CheckpointError(

@@ -17,11 +17,11 @@ from lerobot.checkpoints import load_for_run, locate, read_spec
 from lerobot.cli.compose import checkpoint_config, compose_config, pretrained_config
 from lerobot.cli.exit import run_command
 from lerobot.cli.train import add_config_dir_argument
-from lerobot.config import env_config
+from lerobot.config import env_config, policy_config
 from lerobot.constants import EVAL_INFO_FILE
 from lerobot.errors import ConfigError
 from lerobot.evaluation import earlier_evaluation, evaluate, remove_evaluation
-from lerobot.policy_registry import make_policy, make_policy_config
+from lerobot.policy_registry import make_policy
 
 
 def _eval_output_dir(flag: Path | None, overrides: list[str]) -> Path | None:
@@ -92,7 +92,7 @@ def _eval(argv: list[str] | None) -> int:
         policy = policy.to(device)
     else:
         cfg = compose_config(args.overrides, search_path=args.config_dir)
-        policy_cfg = make_policy_config(cfg.policy, env_config(cfg))
+        policy_cfg = policy_config(cfg)
         if policy_cfg.training_mode != "none":
             raise ConfigError(f"policy {policy_cfg.name!r} needs trained weights: pass --checkpoint DIR")
         device = distributed.init(distributed.resolve_device(cfg.device))

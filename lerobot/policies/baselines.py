@@ -13,10 +13,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from lerobot.config import PolicyConfig
 from lerobot.constants import OBS_ENV_STATE, OBS_IMAGE, OBS_STATE
 from lerobot.errors import ConfigError
 from lerobot.policies.policy import Policy
-from lerobot.policy_config import PolicyConfig
 
 
 @dataclass(frozen=True)

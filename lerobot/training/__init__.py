@@ -7,10 +7,8 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from lerobot import distributed
-from lerobot.config import env_config
+from lerobot.config import OFFLINE, ONLINE, policy_config
 from lerobot.errors import ConfigError
-from lerobot.policy_config import OFFLINE, ONLINE
-from lerobot.policy_registry import make_policy_config
 from lerobot.runtime.files import release_run_dir
 from lerobot.training.offline import train_offline
 from lerobot.training.online import train_online
@@ -19,10 +17,10 @@ from lerobot.training.online import train_online
 def train(cfg: DictConfig) -> Path:
     """Train the configured policy (offline or online by its `training_mode`); return the run directory.
 
-    The policy config is built here, once, and handed to the trainer. The run directory's lock, taken by the
+    The policy config (typed and validated by `validate_run_config`) is handed to the trainer. The run directory's lock, taken by the
     trainer's `setup_run`, is released when this returns or raises.
     """
-    policy_cfg = make_policy_config(cfg.policy, env_config(cfg))
+    policy_cfg = policy_config(cfg)
     if policy_cfg.training_mode not in (OFFLINE, ONLINE):
         raise ConfigError(f"policy {policy_cfg.name!r} is not trainable (evaluate it with scripts/eval.py)")
     if policy_cfg.training_mode == ONLINE and distributed.world_size() > 1:

@@ -21,12 +21,11 @@ from omegaconf import DictConfig
 
 from lerobot import distributed
 from lerobot.checkpoints.run import load_training_state, save_checkpoint
-from lerobot.config import env_config
+from lerobot.config import PolicyConfig, env_config
 from lerobot.datasets import EpisodeDataset, cycle_batches, dataset_fingerprint, import_dataset, make_dataset
 from lerobot.errors import ConfigError
 from lerobot.policies.online_policy import OnlinePolicy
 from lerobot.policies.policy import Policy
-from lerobot.policy_config import PolicyConfig
 from lerobot.policy_registry import make_policy
 from lerobot.training.run import DivergenceGuard, TrainingLoop, check_training_data, setup_run
 from lerobot.training.update import CpuPace, TrainStep, to_device

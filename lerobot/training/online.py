@@ -40,12 +40,11 @@ from omegaconf import DictConfig
 
 from lerobot import distributed
 from lerobot.checkpoints.run import load_training_state, read_weights, save_checkpoint
-from lerobot.config import EnvConfig, env_config
+from lerobot.config import EnvConfig, PolicyConfig, env_config
 from lerobot.constants import ACTION, EPISODE_INDEX, NEXT_REWARD
 from lerobot.envs import make_env, observation_to_batch
 from lerobot.errors import ConfigError
 from lerobot.policies.online_policy import OnlinePolicy
-from lerobot.policy_config import PolicyConfig
 from lerobot.policy_registry import make_policy
 from lerobot.rollout import act
 from lerobot.training.replay_buffer import ReplayBuffer, sample_mixed
@@ -371,8 +370,7 @@ def train_online(cfg: DictConfig, policy_cfg: PolicyConfig, progress: bool = Tru
     run_dir, resume_from = setup_run(cfg)
     tcfg = cfg.training
     env_cfg = env_config(cfg)
-    if tcfg.batch_size is not None:
-        policy_cfg.batch_size = tcfg.batch_size
+    batch_size = tcfg.batch_size or policy_cfg.batch_size  # as offline: the policy's config stays as validated
     if not 0.0 <= tcfg.offline_ratio <= 1.0:
         raise ConfigError(f"training.offline_ratio={tcfg.offline_ratio} must be in [0, 1]")
     device = distributed.resolve_device(cfg.device)
@@ -416,7 +414,7 @@ def train_online(cfg: DictConfig, policy_cfg: PolicyConfig, progress: bool = Tru
             if len(buffer) < refill_needed or buffer.filled_rows < horizon:
                 n_updates = 0
             for _ in range(n_updates):
-                batch = sample_mixed(buffer, demos, policy_cfg.batch_size, horizon, tcfg.offline_ratio)
+                batch = sample_mixed(buffer, demos, batch_size, horizon, tcfg.offline_ratio)
                 where = f"update {counts.updates + 1} ({counts.transitions} transitions)"
                 update(to_device(batch, device), where=where)  # queues the work; reads nothing back
                 guard.updated()

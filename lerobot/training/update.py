@@ -20,10 +20,10 @@ from omegaconf import DictConfig
 from torch import Tensor
 
 from lerobot import distributed
+from lerobot.config import PolicyConfig
 from lerobot.constants import LOSS_COUNT
 from lerobot.errors import TrainingDivergedError
 from lerobot.policies.policy import Policy
-from lerobot.policy_config import PolicyConfig
 
 log = logging.getLogger(__name__)
 

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from lerobot.config import OFFLINE, PolicyConfig
 from lerobot.constants import ACTION_KIND, ENV_STATE, STATE, VISUAL
 from lerobot.errors import ConfigError
 from lerobot.normalize import MEAN_STD, NORMALIZATION_MODES
-from lerobot.policy_config import OFFLINE, PolicyConfig
 
 ACTIVATIONS = ("relu", "gelu")
 

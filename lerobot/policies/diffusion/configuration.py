@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from lerobot.config import OFFLINE, PolicyConfig
 from lerobot.constants import ACTION_KIND, ENV_STATE, STATE, VISUAL
 from lerobot.errors import ConfigError
 from lerobot.normalize import MEAN_STD, MIN_MAX, NORMALIZATION_MODES
-from lerobot.policy_config import OFFLINE, PolicyConfig
 
 SCHEDULERS = ("DDPM", "DDIM")
 

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from lerobot.config import ONLINE, PolicyConfig
 from lerobot.constants import ENV_STATE, STATE, VISUAL
 from lerobot.errors import ConfigError
-from lerobot.policy_config import ONLINE, PolicyConfig
 
 
 @dataclass
