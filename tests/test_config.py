@@ -8,7 +8,15 @@ from omegaconf import OmegaConf
 
 from lerobot.checkpoints.run import CONFIG_FILE, load_config, save_checkpoint
 from lerobot.cli import compose_config
-from lerobot.config import CONFIG_DIR, EnvConfig, EvalConfig, RootConfig, TrainingConfig, env_config
+from lerobot.config import (
+    CONFIG_DIR,
+    EnvConfig,
+    EvalConfig,
+    RootConfig,
+    TrainingConfig,
+    env_config,
+    policy_config,
+)
 from lerobot.errors import ConfigError
 from lerobot.policy_registry import available_policies, make_policy, make_policy_config, policy_config_class
 
@@ -70,6 +78,20 @@ def test_composed_and_saved_config_hold_every_field(name, tmp_path):
         saved = OmegaConf.load(ckpt / CONFIG_FILE)
         assert set(saved.policy) == want and saved.eval.schedule == "refill_aligned"
         assert load_config(ckpt) == cfg
+
+
+def test_policy_section_is_typed_and_read_once_validated():
+    cfg = compose_config(
+        ["policy=act", "env=pusht_keypoints", "policy.chunk_size=12", "policy.n_action_steps=12"]
+    )
+    policy_cfg = policy_config(cfg)
+    assert type(policy_cfg) is policy_config_class("act") and policy_cfg.chunk_size == 12
+    assert policy_cfg == make_policy_config(cfg.policy, env_config(cfg))  # what validation built, unchanged
+    with pytest.raises(Exception, match="chunk_size"):  # the node keeps its dataclass's types
+        cfg.policy.chunk_size = "twelve"
+    plain = OmegaConf.create({**OmegaConf.to_container(cfg), "policy": {"name": "act"}})
+    with pytest.raises(ConfigError, match="not validated"):
+        policy_config(plain)
 
 
 def test_every_registered_policy_composes_without_a_yaml():
