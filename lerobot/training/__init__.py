@@ -1,4 +1,4 @@
-"""Trainers: offline (demonstrations) and online (replay buffer), sharing one update and loop skeleton (`loop.py`)."""
+"""Trainers: offline (demonstrations) and online (replay buffer), sharing the update (`update.py`) and the run (`run.py`)."""
 
 from __future__ import annotations
 

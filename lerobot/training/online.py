@@ -370,7 +370,8 @@ def train_online(cfg: DictConfig, policy_cfg: PolicyConfig, progress: bool = Tru
     run_dir, resume_from = setup_run(cfg)
     tcfg = cfg.training
     env_cfg = env_config(cfg)
-    batch_size = tcfg.batch_size or policy_cfg.batch_size  # as offline: the policy's config stays as validated
+    # As offline: the policy's config stays as validation built it.
+    batch_size = tcfg.batch_size or policy_cfg.batch_size
     if not 0.0 <= tcfg.offline_ratio <= 1.0:
         raise ConfigError(f"training.offline_ratio={tcfg.offline_ratio} must be in [0, 1]")
     device = distributed.resolve_device(cfg.device)
