@@ -372,9 +372,8 @@ def validate_config(cfg: DictConfig | dict) -> DictConfig:
     which calls this first.
     """
     section = policy_section(cfg)
-    if (
-        section is not None and "inference" in section
-    ):  # `policy.inference.fast=true`; a checkpoint's is moved at load
+    # `policy.inference.fast=true` is the old place of the inference settings (a checkpoint's is moved at load).
+    if section is not None and "inference" in section:
         old = section["inference"]
         raise old_inference_keys_error(old if isinstance(old, Mapping) else {})
     rest = OmegaConf.to_container(cfg) if isinstance(cfg, DictConfig) else dict(cfg)

@@ -44,7 +44,7 @@ from lerobot.checkpoints.hub import (
     write_weights,
 )
 from lerobot.checkpoints.space import checkpoint_bytes
-from lerobot.config import env_config, policy_config, policy_section, upgrade_saved_config
+from lerobot.config import PolicyConfig, env_config, policy_config, policy_section, upgrade_saved_config
 from lerobot.errors import CheckpointError, ChecksumError, NonFiniteWeightsError, RunDirError
 from lerobot.policy_registry import (
     available_policies,
@@ -117,7 +117,7 @@ def save_checkpoint(
     if newer is not None:
         raise RunDirError(f"not saving checkpoint {step:09d}: {_second_writer(run_dir, newer)}")
     tensors = {k: v.detach().contiguous().cpu() for k, v in state.items()}
-    weights = serialize_weights(tensors, _weights_metadata(cfg))
+    weights = serialize_weights(tensors, _weights_metadata(cfg, policy.config))
     # config.json next to model.safetensors makes the checkpoint a hub-layout pretrained directory too.
     texts = {
         CONFIG_FILE: OmegaConf.to_yaml(cfg, resolve=True),
@@ -247,12 +247,12 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _weights_metadata(cfg: DictConfig) -> dict[str, str]:
+def _weights_metadata(cfg: DictConfig, policy_cfg: PolicyConfig) -> dict[str, str]:
     """What the weights were trained with: the policy config, the env's name and its feature shapes; and
     that the checkpoint has checksums. Keys sorted, so that the same content gives the same bytes."""
     features = {k: list(v.shape) for k, v in env_config(cfg).features.items()}
     return {
-        _META_POLICY: json.dumps(policy_fields(OmegaConf.to_object(cfg.policy)), sort_keys=True),
+        _META_POLICY: json.dumps(policy_fields(policy_cfg), sort_keys=True),
         _META_FEATURES: json.dumps(features, sort_keys=True),
         _META_ENV: str(cfg.env.name),
         _META_CHECKSUMS: CHECKSUMS_FILE,

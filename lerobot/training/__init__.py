@@ -17,8 +17,8 @@ from lerobot.training.online import train_online
 def train(cfg: DictConfig) -> Path:
     """Train the configured policy (offline or online by its `training_mode`); return the run directory.
 
-    The policy config (typed and validated by `validate_run_config`) is handed to the trainer. The run directory's lock, taken by the
-    trainer's `setup_run`, is released when this returns or raises.
+    The policy config (typed and validated by `validate_run_config`) is handed to the trainer. The run
+    directory's lock, taken by the trainer's `setup_run`, is released when this returns or raises.
     """
     policy_cfg = policy_config(cfg)
     if policy_cfg.training_mode not in (OFFLINE, ONLINE):
