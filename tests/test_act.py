@@ -17,7 +17,7 @@ from lerobot.config import FeatureConfig, env_config
 from lerobot.constants import ACTION, ACTION_IS_PAD, LOSS_COUNT, OBS_ENV_STATE, OBS_IMAGE, OBS_STATE
 from lerobot.errors import ConfigError
 from lerobot.policies.act.configuration import ACTConfig
-from lerobot.policies.act.modeling import LATENT_NOISE, ACTPolicy, Dropout
+from lerobot.policies.act.modeling import LATENT_NOISE, ACTPolicy, Dropout, MultiheadAttention
 from lerobot.policies.policy import Policy
 from lerobot.policy_registry import make_policy_config
 
@@ -503,7 +503,36 @@ def test_cpu_dropout_drops_at_its_rate_and_keeps_the_expectation(dtype):
     assert torch.equal(masked == 0, layer(y.contiguous()) == 0)
 
 
-def test_act_uses_the_cpu_dropout_everywhere_outside_attention():
+def test_act_uses_the_cpu_dropout_everywhere():
     policy = ACTPolicy(act_config(images=False, dropout=0.1))
     dropouts = [m for m in policy.modules() if isinstance(m, torch.nn.Dropout)]
     assert dropouts and all(type(m) is Dropout for m in dropouts)
+    attentions = [m for m in policy.modules() if isinstance(m, torch.nn.MultiheadAttention)]
+    assert attentions and all(type(m) is MultiheadAttention for m in attentions)
+
+
+def test_attention_with_cpu_dropout_is_torchs_attention_with_its_mask():
+    """In training on the CPU the attention computes torch's function: with a dropout rate below 2^-17 no
+    weight is dropped and the output (and key masking) equals `nn.MultiheadAttention`'s to float tolerance;
+    at p = 0.5 about half the weights are dropped, repeatably under the global seed, and the parameters
+    get gradients."""
+    torch.manual_seed(0)
+    attention = MultiheadAttention(32, 4, dropout=1e-9, batch_first=True)
+    reference = torch.nn.MultiheadAttention(32, 4, batch_first=True)
+    reference.load_state_dict(attention.state_dict())
+    query, memory = torch.randn(3, 7, 32), torch.randn(3, 5, 32)
+    padding = torch.zeros(3, 5, dtype=torch.bool)
+    padding[1, 3:] = True
+    ours = attention.train()(query, memory, memory, key_padding_mask=padding)[0]
+    theirs = reference.eval()(query, memory, memory, key_padding_mask=padding, need_weights=False)[0]
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+    attention.dropout = 0.5
+    torch.manual_seed(1)
+    dropped = attention(query, memory, memory)[0]
+    torch.manual_seed(1)
+    assert torch.equal(attention(query, memory, memory)[0], dropped)
+    assert not torch.allclose(dropped, theirs, atol=1e-3)
+    dropped.square().sum().backward()
+    assert attention.in_proj_weight.grad.abs().sum() > 0 and attention.out_proj.weight.grad.abs().sum() > 0
+    expected = reference(query, memory, memory, need_weights=False)[0]
+    assert torch.equal(attention.eval()(query, memory, memory)[0], expected)

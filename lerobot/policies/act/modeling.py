@@ -117,23 +117,64 @@ class SinusoidalPositionEmbedding2d(nn.Module):
 _MASK_BITS = 16
 
 
+def cpu_dropout(x: Tensor, p: float) -> Tensor:
+    """Training-mode dropout of `x` (any shape) with a mask of 16 random bits per element from the global
+    torch stream (four elements per 64-bit draw), for 0 < `p` < 1: an element is dropped with probability
+    round(p * 2^16) / 2^16 (within 8e-6 of `p`) and kept ones are scaled so that the expectation equals the
+    input. On the CPU torch draws one Bernoulli variate per element, the costliest part of the layer."""
+    levels = 1 << _MASK_BITS
+    dropped = round(p * levels)  # of the `levels` values a 16-bit lane takes
+    n = x.numel()
+    bits = torch.empty(-(-n * _MASK_BITS // 64), dtype=torch.int64).random_(-(2**63), None)
+    keep = bits.view(torch.int16)[:n].view(x.shape) >= dropped - levels // 2
+    return x * keep.to(x.dtype).mul_(levels / (levels - dropped))
+
+
 class Dropout(nn.Dropout):
-    """`nn.Dropout` with a cheaper mask on the CPU: torch draws one Bernoulli variate per element there, the
-    costliest part of the layer; this takes 16 random bits per element from the global torch stream (four
-    elements per 64-bit draw). An element is dropped with probability round(p * 2^16) / 2^16 (within 8e-6
-    of `p`) and kept ones are scaled so that the expectation equals the input. Elsewhere, and for p = 0 or 1,
+    """`nn.Dropout` with `cpu_dropout`'s cheaper mask in training on the CPU; elsewhere, and for p = 0 or 1,
     it is `nn.Dropout`."""
 
     def forward(self, x: Tensor) -> Tensor:
         """`x` (any shape) with dropped elements zeroed and kept ones scaled, in training mode."""
         if not self.training or self.p in (0.0, 1.0) or x.device.type != "cpu":
             return super().forward(x)
-        levels = 1 << _MASK_BITS
-        dropped = round(self.p * levels)  # of the `levels` values a 16-bit lane takes
-        n = x.numel()
-        bits = torch.empty(-(-n * _MASK_BITS // 64), dtype=torch.int64).random_(-(2**63), None)
-        keep = bits.view(torch.int16)[:n].view(x.shape) >= dropped - levels // 2
-        return x * keep.to(x.dtype).mul_(levels / (levels - dropped))
+        return cpu_dropout(x, self.p)
+
+
+class MultiheadAttention(nn.MultiheadAttention):
+    """`nn.MultiheadAttention` (batch first, same parameters and state-dict names) whose attention-weight
+    dropout, in training on the CPU, is `cpu_dropout`: torch's kernel draws a Bernoulli
+    variate per weight there and guards every softmax row against being fully masked, which together cost
+    more than the attention's matrix products at ACT's sizes. Elsewhere, and without dropout, it is
+    `nn.MultiheadAttention`. Here a query whose keys are all masked (never the case in ACT: the cls token is
+    always a key) gets NaN, where torch's kernel gives zeros."""
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        key_padding_mask: Tensor | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, None]:
+        """`query` (B, T, D), `key` and `value` (B, S, D), `key_padding_mask` (B, S) True at ignored keys
+        -> (`(B, T, D)`, None)."""
+        if need_weights or not self.training or self.dropout in (0.0, 1.0) or query.device.type != "cpu":
+            return super().forward(
+                query, key, value, key_padding_mask=key_padding_mask, need_weights=need_weights
+            )
+        w_q, w_k, w_v = self.in_proj_weight.chunk(3)
+        b_q, b_k, b_v = self.in_proj_bias.chunk(3)
+        heads = "b t (h d) -> b h t d"
+        q = einops.rearrange(F.linear(query, w_q, b_q), heads, h=self.num_heads)
+        k = einops.rearrange(F.linear(key, w_k, b_k), heads, h=self.num_heads)
+        v = einops.rearrange(F.linear(value, w_v, b_v), heads, h=self.num_heads)
+        scores = q @ k.transpose(-2, -1) * (q.shape[-1] ** -0.5)  # (B, H, T, S)
+        if key_padding_mask is not None:
+            scores = scores.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
+        weights = cpu_dropout(scores.softmax(dim=-1), self.dropout)
+        attended = einops.rearrange(weights @ v, "b h t d -> b t (h d)")
+        return self.out_proj(attended), None
 
 
 class ACTEncoderLayer(nn.Module):
@@ -144,7 +185,7 @@ class ACTEncoderLayer(nn.Module):
     def __init__(self, config: ACTConfig):
         super().__init__()
         dim = config.dim_model
-        self.self_attn = nn.MultiheadAttention(dim, config.n_heads, dropout=config.dropout, batch_first=True)
+        self.self_attn = MultiheadAttention(dim, config.n_heads, dropout=config.dropout, batch_first=True)
         self.linear1 = nn.Linear(dim, config.dim_feedforward)
         self.dropout = Dropout(config.dropout)
         self.linear2 = nn.Linear(config.dim_feedforward, dim)
@@ -194,8 +235,8 @@ class ACTDecoderLayer(nn.Module):
     def __init__(self, config: ACTConfig):
         super().__init__()
         dim = config.dim_model
-        self.self_attn = nn.MultiheadAttention(dim, config.n_heads, dropout=config.dropout, batch_first=True)
-        self.multihead_attn = nn.MultiheadAttention(
+        self.self_attn = MultiheadAttention(dim, config.n_heads, dropout=config.dropout, batch_first=True)
+        self.multihead_attn = MultiheadAttention(
             dim, config.n_heads, dropout=config.dropout, batch_first=True
         )
         self.linear1 = nn.Linear(dim, config.dim_feedforward)
