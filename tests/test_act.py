@@ -18,6 +18,7 @@ from lerobot.constants import ACTION, ACTION_IS_PAD, LOSS_COUNT, OBS_ENV_STATE, 
 from lerobot.errors import ConfigError
 from lerobot.policies.act.configuration import ACTConfig
 from lerobot.policies.act.modeling import LATENT_NOISE, ACTPolicy, Dropout, MultiheadAttention
+from lerobot.policies.images import resize
 from lerobot.policies.policy import Policy
 from lerobot.policy_registry import make_policy_config
 
@@ -171,6 +172,7 @@ def test_defaults_are_lerobots_and_the_chunk_starts_now():
         (dict(optimizer_lr_backbone=-1.0), "optimizer_lr_backbone=-1.0"),
         (dict(vision_backbone="vit_b_16"), "vision_backbone='vit_b_16'"),
         (dict(replace_final_stride_with_dilation=True), "needs a bottleneck ResNet"),
+        (dict(resize_shape=[0, 24], images=True), "resize_shape=\\[0, 24\\] must be"),
         (dict(temporal_ensemble_coeff=0.01), "temporal_ensemble_coeff=0.01 needs policy.n_action_steps=1"),
         (dict(temporal_ensemble_coeff=-0.1, n_action_steps=1), "temporal_ensemble_coeff=-0.1 must be >= 0"),
         (dict(normalization_mapping={"state": "zscore"}), "normalization_mapping.state='zscore'"),
@@ -509,6 +511,25 @@ def test_act_uses_the_cpu_dropout_everywhere():
     assert dropouts and all(type(m) is Dropout for m in dropouts)
     attentions = [m for m in policy.modules() if isinstance(m, torch.nn.MultiheadAttention)]
     assert attentions and all(type(m) is MultiheadAttention for m in attentions)
+
+
+def test_resize_shape_is_the_model_on_resized_images():
+    """With `resize_shape` the trunk sees the images resized (antialiased bilinear, after normalization,
+    with which it commutes): the chunk equals that of the same weights built for images of that size and
+    given them resized."""
+    resized = act_config(images=True, resize_shape=[32, 32])
+    policy = make(resized).eval()
+    small = act_config(
+        images=True, input_features={OBS_IMAGE: FeatureConfig([3, 32, 32], "visual"), OBS_STATE: STATE}
+    )
+    reference = ACTPolicy(small, stats_for(small)).eval()
+    reference.load_state_dict(policy.state_dict())
+    batch = obs_batch(resized, 3)
+    shrunk = {**batch, OBS_IMAGE: resize(batch[OBS_IMAGE][:, 0], (32, 32))[:, None]}
+    torch.testing.assert_close(policy.predict_action_chunk(batch), reference.predict_action_chunk(shrunk))
+    assert not torch.allclose(
+        policy.predict_action_chunk(batch), make(act_config(images=True)).eval().predict_action_chunk(batch)
+    )
 
 
 def test_attention_with_cpu_dropout_is_torchs_attention_with_its_mask():

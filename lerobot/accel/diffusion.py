@@ -63,7 +63,8 @@ from lerobot.policies.diffusion.unet import (
     TemporalConv1d,
     interleave_upsample_taps,
 )
-from lerobot.policies.diffusion.vision import RgbEncoder, center_crop, resize
+from lerobot.policies.diffusion.vision import RgbEncoder, center_crop
+from lerobot.policies.images import resize
 
 # `inference.dtype` -> the torch dtype the networks compute in.
 TORCH_DTYPES = {name: getattr(torch, name) for name in INFERENCE_DTYPES}

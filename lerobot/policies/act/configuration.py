@@ -56,6 +56,9 @@ class ACTConfig(PolicyConfig):
     pretrained_backbone_weights: str | None = None
     # Dilate the last stage instead of striding it: a feature map twice as large on each side.
     replace_final_stride_with_dilation: bool = False
+    # [height, width] the images are resized to (bilinear, antialiased) before the trunk, or None: the
+    # trunk's cost grows with the pixels, so a CPU recipe halves the side (not in LeRobot's ACT).
+    resize_shape: list[int] | None = None
 
     # Transformer.
     pre_norm: bool = False
@@ -163,6 +166,10 @@ class ACTConfig(PolicyConfig):
                 raise ConfigError(f"visual input {key!r} must be (C, H, W), got {shape}")
         if len({tuple(s) for s in images.values()}) > 1:
             raise ConfigError(f"all cameras share one trunk and must have the same shape, got {images}")
+        if self.resize_shape is not None and (len(self.resize_shape) != 2 or min(self.resize_shape) < 1):
+            raise ConfigError(
+                f"policy.resize_shape={self.resize_shape} must be [height, width] (positive) or null"
+            )
 
     # ------------------------------------------------------------------ dataset windows
     def delta_timestamps(self, fps: int) -> dict[str, list[float]]:

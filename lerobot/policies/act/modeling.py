@@ -54,6 +54,7 @@ from torchvision.ops.misc import FrozenBatchNorm2d
 from lerobot.constants import ACTION_IS_PAD, LOSS_COUNT, TRAINING_NOISE_PREFIX
 from lerobot.normalize import Normalize, Unnormalize
 from lerobot.policies.act.configuration import ACTConfig
+from lerobot.policies.images import resize
 from lerobot.policies.policy import Policy
 
 # The per-sample draw of a training batch (`ACTPolicy.draw_training_noise`): the reparameterization noise.
@@ -349,6 +350,7 @@ class ACT(nn.Module):
         if images:
             (shape,) = {tuple(s) for s in images.values()}
             self.backbone, feature_channels = make_backbone(config, in_channels=shape[0])
+            self.resize_shape = tuple(config.resize_shape) if config.resize_shape is not None else None
 
         self.encoder = ACTEncoder(config, config.n_encoder_layers)
         self.decoder = ACTDecoder(config)
@@ -422,7 +424,8 @@ class ACT(nn.Module):
         pos = self.encoder_1d_feature_pos_embed.weight[None]  # (1, n_vector_tokens, D)
         if self.has_images:
             n_cameras = images.shape[1]
-            features = self.backbone(einops.rearrange(images, "b n c h w -> (b n) c h w"))
+            images = resize(einops.rearrange(images, "b n c h w -> (b n) c h w"), self.resize_shape)
+            features = self.backbone(images)
             cam_pos = self.encoder_cam_feat_pos_embed(features).to(features.dtype)  # (1, D, h, w)
             features = self.encoder_img_feat_input_proj(features)  # (B * N_cam, D, h, w)
             features = einops.rearrange(features, "(b n) d h w -> b (n h w) d", n=n_cameras)

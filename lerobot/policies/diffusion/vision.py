@@ -17,6 +17,8 @@ import torch
 import torchvision
 from torch import Tensor, nn
 
+from lerobot.policies.images import resize
+
 if TYPE_CHECKING:
     from lerobot.policies.diffusion.configuration import DiffusionConfig
 
@@ -182,14 +184,6 @@ def random_crop(
     pixels = einops.rearrange(images, "n c h w -> n h w c")
     crops = pixels[samples[:, None, None], rows[:, :, None], cols[:, None, :]]  # (N, h, w, C)
     return einops.rearrange(crops, "n h w c -> n c h w")
-
-
-def resize(images: Tensor, size: tuple[int, int] | None) -> Tensor:
-    """`images` (N, C, H, W) resized to `(N, C, *size)` (bilinear, antialiased); as they are when `size` is
-    None or already their size."""
-    if size is None or tuple(images.shape[-2:]) == size:
-        return images
-    return nn.functional.interpolate(images, size=size, mode="bilinear", antialias=True, align_corners=False)
 
 
 def center_crop(images: Tensor, size: tuple[int, int]) -> Tensor:
