@@ -219,6 +219,21 @@ def test_cpu_recipe_composes():
     assert 1.5e6 < sum(p.numel() for p in policy.parameters()) < 2.5e6
 
 
+def test_image_cpu_recipe_composes_and_resizes_to_four_image_tokens():
+    cfg = compose_config(["+experiment=act_pusht_image_cpu"])
+    assert cfg.env.name == "pusht" and cfg.policy.name == "act" and cfg.training.use_amp
+    assert (cfg.policy.chunk_size, cfg.policy.dim_model, list(cfg.policy.resize_shape)) == (20, 128, [48, 48])
+    # The trunk learns from scratch, so at the transformer's rate.
+    assert cfg.policy.optimizer_lr_backbone == cfg.policy.optimizer_lr == 3e-4
+    config = make_policy_config(cfg.policy, env_config(cfg))
+    policy = make(config).eval()
+    assert 12e6 < sum(p.numel() for p in policy.parameters()) < 14e6
+    features = policy.model.backbone(torch.zeros(1, 3, 48, 48))
+    assert features.shape[-2:] == (2, 2)  # 4 image tokens
+    chunk = policy.predict_action_chunk(obs_batch(config, 2))
+    assert chunk.shape == (2, 20, 2) and torch.isfinite(chunk).all()
+
+
 # ---------------------------------------------------------------------- shapes and inputs
 @pytest.mark.parametrize("images", [False, True], ids=["keypoints", "image"])
 def test_forward_and_predict_shapes_and_parameter_groups(images):
@@ -474,6 +489,7 @@ def test_train_evaluate_and_load_from_the_run_dir(tmp_path, data_args):
 def test_docs_name_the_command_lines():
     text = (Path(__file__).resolve().parents[1] / "docs" / "act.md").read_text()
     assert "policy=act env=pusht_keypoints" in text and "+experiment=act_pusht_keypoints_cpu" in text
+    assert "+experiment=act_pusht_image_cpu" in text
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
