@@ -218,9 +218,10 @@ def test_eval_cut_by_a_kill_is_redone_and_a_half_written_line_dropped(tmp_path, 
     assert [(r["step"], r["split"]) for r in records] == [
         (1, "train"), (2, "train"), (2, "eval"), (3, "train"), (4, "train"), (4, "eval"),
     ]  # fmt: skip
-    # The redone evaluation is the one the killed run was doing: same weights, same random state.
+    # The redone evaluation is the one the killed run was doing: same weights, same random state (to the
+    # float rounding of the CPU's kernels, which may differ for weights loaded at other addresses).
     for key in ("avg_max_reward", "avg_sum_reward", "pc_success"):
-        assert records[-1][key] == evals[4][key]
+        assert records[-1][key] == pytest.approx(evals[4][key], rel=1e-6)
 
 
 def test_resume_modes(tmp_path, data_args, capsys):
