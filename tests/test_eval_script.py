@@ -11,6 +11,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from lerobot.checkpoints import load_for_run, locate
 from lerobot.checkpoints.run import save_checkpoint
 from lerobot.cli import compose_config, eval_main
 from lerobot.config import env_config
@@ -124,6 +125,65 @@ def test_checkpoint_save_is_atomic(tmp_path, monkeypatch):
     names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
     assert names == ["000000001", "last"]
     assert (tmp_path / "checkpoints" / "last").resolve().name == "000000001"
+
+
+_TINY_ACT = [
+    "policy=act",
+    "env=pusht_keypoints",
+    "env.max_episode_steps=4",
+    "policy.dim_model=16",
+    "policy.n_heads=2",
+    "policy.dim_feedforward=32",
+    "policy.n_encoder_layers=1",
+    "policy.n_vae_encoder_layers=1",
+    "policy.chunk_size=4",
+    "policy.n_action_steps=4",
+]
+
+
+def test_raw_weights_evaluates_the_optimizer_weights_of_an_ema_run(tmp_path, capsys):
+    """`--raw-weights` loads the training state's own weights of an EMA run, not model.safetensors' averaged
+    ones; a run without EMA, a pretrained directory and a baseline are refused in one line each."""
+    cfg = compose_config([*_TINY_ACT, "policy.use_ema=true"])
+    policy_cfg = make_policy_config(cfg.policy, env_config(cfg))
+    features = {**policy_cfg.input_features, **policy_cfg.output_features}
+    stats = {
+        k: {"mean": torch.full(f.shape, 256.0), "std": torch.full(f.shape, 100.0)}
+        for k, f in features.items()
+    }
+    policy = make_policy(policy_cfg, stats)
+    raw = {k: v.clone() for k, v in policy.state_dict().items()}
+    averaged = {k: v + 0.5 if v.is_floating_point() else v for k, v in raw.items()}
+    ema_state = {"model": raw, "ema": {"shadow_params": list(averaged.values())}}
+    ckpt = save_checkpoint(tmp_path / "ema", 3, policy, cfg, ema_state, eval_state_dict=averaged)
+    source = locate(ckpt)
+    for use_raw, expected in ((False, averaged), (True, raw)):
+        loaded = load_for_run(source, cfg, raw_weights=use_raw).state_dict()
+        assert all(torch.equal(loaded[k], v) for k, v in expected.items())
+    args = [
+        "eval.n_episodes=1",
+        "eval.batch_size=1",
+        "eval.use_async_envs=false",
+        "eval.max_episodes_rendered=0",
+    ]
+    assert (
+        eval_main(["--checkpoint", str(ckpt), "--raw-weights", *args, "--output-dir", str(tmp_path / "e")])
+        == 0
+    )
+    assert json.loads((tmp_path / "e" / "eval_info.json").read_text())["aggregated"]["env_steps"] == 4
+
+    capsys.readouterr()  # the progress bar of that evaluation
+    plain_cfg = compose_config(_TINY_ACT)
+    plain = save_checkpoint(tmp_path / "plain", 3, policy, plain_cfg, {"model": raw, "ema": None})
+    pretrained = policy.save_pretrained(tmp_path / "pretrained", env_config(plain_cfg))
+    for argv, message in (
+        (["--checkpoint", str(plain)], "trained without EMA"),
+        (["--checkpoint", str(pretrained)], "pretrained directory"),
+        (["policy=random"], "pass --checkpoint DIR"),
+    ):
+        assert eval_main([*argv, "--raw-weights", *args]) == 2
+        err = capsys.readouterr().err.strip()
+        assert message in err and len(err.splitlines()) == 1, err
 
 
 def _video_sized_file_limit() -> None:

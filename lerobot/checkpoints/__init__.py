@@ -124,13 +124,23 @@ def load_policy(
     return policy.to(device).eval()
 
 
-def load_for_run(source: Source, cfg: DictConfig) -> nn.Module:
+def load_for_run(source: Source, cfg: DictConfig, raw_weights: bool = False) -> nn.Module:
     """The policy of `source` (on the CPU) built for the run config `cfg` (e.g. evaluation overrides, another
-    env with the same features), after checking that `cfg`'s env gives the features it was trained with."""
+    env with the same features), after checking that `cfg`'s env gives the features it was trained with.
+
+    `raw_weights`: a run checkpoint trained with EMA gets the optimizer's own weights instead of the
+    averaged ones (`run.raw_weights`)."""
     if source.run:
         run.check_features(source.path, cfg)  # one line naming the feature and both shapes
         policy, _ = run.load_run_policy(source.path, cfg=cfg)
+        if raw_weights:
+            policy.load_state_dict(run.raw_weights(source.path))
         return policy
+    if raw_weights:
+        raise PretrainedError(
+            f"{source.path} is a pretrained directory, which keeps one set of weights: --raw-weights needs a "
+            "run checkpoint trained with policy.use_ema=true"
+        )
     spec = read_spec(source.path)
     hub.check_env_features(spec, env_config(cfg))
     return load_weights(spec, policy_config(cfg))

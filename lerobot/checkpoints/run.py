@@ -659,6 +659,27 @@ def load_training_state(ckpt_dir: Path) -> dict[str, Any]:
     return state
 
 
+def raw_weights(ckpt_dir: Path | str) -> dict[str, torch.Tensor]:
+    """The optimizer's own weights of a checkpoint trained with EMA (`policy.use_ema=true`), whose
+    `model.safetensors` holds the averaged ones: to evaluate what EMA changes on the same run.
+
+    Raises `CheckpointError` when the checkpoint keeps no training state or was trained without EMA (its
+    `model.safetensors` is then the raw weights already).
+    """
+    ckpt_dir = resolve_checkpoint_dir(ckpt_dir)
+    if not (ckpt_dir / TRAINING_STATE_FILE).exists():
+        raise CheckpointError(
+            f"{ckpt_dir} keeps no {TRAINING_STATE_FILE}, so no raw weights: evaluate it without --raw-weights"
+        )
+    state = load_training_state(ckpt_dir)
+    if state.get("ema") is None or state.get("model") is None:
+        raise CheckpointError(
+            f"{ckpt_dir} was trained without EMA: its {MODEL_FILE} holds the raw weights already; "
+            "drop --raw-weights"
+        )
+    return state["model"]
+
+
 def _raise_if_non_finite(state: dict[str, torch.Tensor], what: str) -> None:
     """Raise `NonFiniteWeightsError` naming the first floating tensor of `state` with a NaN or inf."""
     floats = {k: v for k, v in state.items() if isinstance(v, torch.Tensor) and v.is_floating_point()}

@@ -73,6 +73,11 @@ def _eval(argv: list[str] | None) -> int:
         action="store_true",
         help="replace the evaluation already in --output-dir (its eval_info.json and videos/)",
     )
+    parser.add_argument(
+        "--raw-weights",
+        action="store_true",
+        help="evaluate the optimizer's own weights of a run trained with EMA, not the averaged ones",
+    )
     add_config_dir_argument(parser)
     parser.add_argument("overrides", nargs="*", help="e.g. eval.n_episodes=50 eval.batch_size=10 device=cpu")
     args = parser.parse_intermixed_args(argv)
@@ -87,10 +92,13 @@ def _eval(argv: list[str] | None) -> int:
             cfg = checkpoint_config(source.path, args.overrides, search_path=args.config_dir)
         else:  # a hub-layout directory (save_pretrained's or a LeRobot pretrained_model) or repo
             cfg = pretrained_config(read_spec(source.path), args.overrides, search_path=args.config_dir)
-        policy = load_for_run(source, cfg)  # checks the env's features before building the device
+        # Checks the env's features before building the device.
+        policy = load_for_run(source, cfg, args.raw_weights)
         device = distributed.init(distributed.resolve_device(cfg.device))
         policy = policy.to(device)
     else:
+        if args.raw_weights:
+            raise ConfigError("--raw-weights reads a checkpoint's training state: pass --checkpoint DIR")
         cfg = compose_config(args.overrides, search_path=args.config_dir)
         policy_cfg = policy_config(cfg)
         if policy_cfg.training_mode != "none":
