@@ -214,9 +214,13 @@ def test_cpu_recipe_composes():
     cfg = compose_config(["+experiment=act_pusht_keypoints_cpu"])
     assert cfg.env.name == "pusht_keypoints" and cfg.policy.name == "act"
     assert (cfg.policy.chunk_size, cfg.policy.n_action_steps, cfg.policy.dim_model) == (20, 20, 128)
-    assert cfg.training.batch_size == 64 and cfg.policy.optimizer_lr == 1e-4
-    policy = ACTPolicy(make_policy_config(cfg.policy, env_config(cfg)))
-    assert 1.5e6 < sum(p.numel() for p in policy.parameters()) < 2.5e6
+    assert cfg.training.batch_size == 64 and cfg.training.steps == 60000 and cfg.training.use_amp
+    assert (cfg.policy.optimizer_lr, cfg.policy.scheduler_name, cfg.policy.use_ema) == (3e-4, "cosine", True)
+    config = make_policy_config(cfg.policy, env_config(cfg))
+    policy = ACTPolicy(config)
+    # Without the CVAE: no VAE encoder, and the latent token is always zero.
+    assert not config.use_vae and not hasattr(policy.model, "vae_encoder")
+    assert 0.9e6 < sum(p.numel() for p in policy.parameters()) < 1.3e6
 
 
 def test_image_cpu_recipe_composes_and_resizes_to_four_image_tokens():
