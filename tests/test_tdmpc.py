@@ -307,10 +307,14 @@ def training_batch(batch_size: int = 8, horizon: int = 3, seed: int = 0) -> dict
     }
 
 
-def test_losses_match_closed_form_at_init():
-    """Fresh model: reward head and Q outputs are 0, Q set to a constant c, so the losses have closed forms."""
+@pytest.mark.parametrize("absorbing", [False, True])
+def test_losses_match_closed_form_at_init(absorbing):
+    """Fresh model: reward head and Q outputs are 0, Q set to a constant c, so the losses have closed forms.
+
+    A terminated step bootstraps from nothing, or with `absorbing_terminal` from r / (1 - discount).
+    """
     torch.manual_seed(0)
-    policy = TDMPCPolicy(tiny_config(discount=0.9, rho=0.5))
+    policy = TDMPCPolicy(tiny_config(discount=0.9, rho=0.5, absorbing_terminal=absorbing))
     c = 2.0
     with torch.no_grad():
         for model in (policy.model, policy.model_target):
@@ -320,7 +324,8 @@ def test_losses_match_closed_form_at_init():
     out = policy(batch)
     r, term = batch[NEXT_REWARD], batch[NEXT_TERMINATED].float()
     w = 0.5 ** torch.arange(3.0)
-    td = r + 0.9 * (1 - term) * c
+    v_end = r / (1 - 0.9) if absorbing else torch.zeros_like(r)
+    td = r + 0.9 * ((1 - term) * c + term * v_end)
     value = (w * (3 * (c - td) ** 2).mean(0)).sum() / 3  # summed over the n_q=3 members
     reward = (w * (r**2).mean(0)).sum() / 3
     torch.testing.assert_close(out["value_loss"], value)

@@ -10,6 +10,8 @@ temporal discount rho 0.5). Deviations, and why:
   slower than ELU on CPU for no gain we could see), and the latent state is SimNorm-ed
   (softmax over groups of `simnorm_dim` units, TD-MPC2): the latent stays bounded so long latent rollouts and
   the consistency loss cannot blow up. `latent_dim` must therefore be a multiple of `simnorm_dim`.
+- `absorbing_terminal` (off by default) values a terminated episode's final state as absorbing, for tasks
+  such as PushT whose termination is success (the option's comment says why).
 - The policy objective is divided by a running estimate of the Q scale so that tasks with large returns
   (Pendulum: rewards down to -16 per step) do not let the policy gradient dominate the shared gradient clip.
 
@@ -58,6 +60,11 @@ class TDMPCConfig(PolicyConfig):
     value_coeff: float = 0.1
     policy_coeff: float = 1.0
     tau: float = 0.01
+    # Beyond TD-MPC as published: the value target of a transition that ended its episode by termination.
+    # False (the paper): no bootstrap, the target is the last reward alone. True: the final state is absorbing
+    # and keeps paying its reward, target r / (1 - discount). PushT terminates on success, so without it
+    # reaching the goal is worth one step of reward while hovering just short of it pays every step.
+    absorbing_terminal: bool = False
     # EMA decay of the running Q scale that normalises the policy objective.
     q_scale_momentum: float = 0.99
 

@@ -142,7 +142,8 @@ class TDMPCPolicy(OnlinePolicy):
         - consistency: ||d(z_t, a_t) - h_target(o_{t+1})||^2 (latent rollout from z_0 = h(o_0))
         - reward: (R(z_t, a_t) - r_t)^2
         - value: sum over the ensemble of (Q_k(z_t, a_t) - (r_t + discount * (1 - term_t) * V'(o_{t+1})))^2,
-          V'(o) = min over `n_q_min` random target Qs of Q'(h(o), pi(h(o)))
+          V'(o) = min over `n_q_min` random target Qs of Q'(h(o), pi(h(o))); with `absorbing_terminal` a
+          terminated step bootstraps from r_t / (1 - discount) instead of nothing
         - policy: -min over `n_q_min` random Qs of Q(z_t, pi(z_t)) / q_scale on detached latents, Q frozen.
         """
         cfg = self.config
@@ -164,7 +165,10 @@ class TDMPCPolicy(OnlinePolicy):
             q_next = self.model_target.q(z_next, self.model.pi(z_next))  # (n_q, B, H)
             subset = torch.randperm(cfg.n_q, device=action.device)[: cfg.n_q_min]
             v_next = q_next[subset].min(dim=0).values
-            td_target = reward + cfg.discount * (1.0 - terminated) * v_next  # (B, H)
+            # A terminated step's future is worth nothing, or (absorbing) its own reward forever.
+            v_end = reward / (1.0 - cfg.discount) if cfg.absorbing_terminal else torch.zeros_like(reward)
+            v_after = (1.0 - terminated) * v_next + terminated * v_end
+            td_target = reward + cfg.discount * v_after  # (B, H)
 
         # Latent rollout through the learned dynamics (sequential), then reward and Q on all steps at once.
         z = self.model.encode(obs[:, 0])
