@@ -165,10 +165,9 @@ class TDMPCPolicy(OnlinePolicy):
             q_next = self.model_target.q(z_next, self.model.pi(z_next))  # (n_q, B, H)
             subset = torch.randperm(cfg.n_q, device=action.device)[: cfg.n_q_min]
             v_next = q_next[subset].min(dim=0).values
-            # A terminated step's future is worth nothing, or (absorbing) its own reward forever.
-            v_end = reward / (1.0 - cfg.discount) if cfg.absorbing_terminal else torch.zeros_like(reward)
-            v_after = (1.0 - terminated) * v_next + terminated * v_end
-            td_target = reward + cfg.discount * v_after  # (B, H)
+            td_target = reward + cfg.discount * (1.0 - terminated) * v_next  # (B, H)
+            if cfg.absorbing_terminal:  # a terminated step's final state keeps paying its own reward
+                td_target = td_target + cfg.discount * terminated * reward / (1.0 - cfg.discount)
 
         # Latent rollout through the learned dynamics (sequential), then reward and Q on all steps at once.
         z = self.model.encode(obs[:, 0])
