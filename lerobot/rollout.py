@@ -84,8 +84,10 @@ def act(
     at its step 5") and ends with `advice`, what to do about it.
     """
     needs_obs = policy.n_obs_steps > 1 or policy.steps_until_chunk() == 0
-    action = policy.select_action(observation_to_batch(obs, device) if needs_obs else None).numpy()
-    if not np.isfinite(action).all():  # (B, action_dim) on the CPU: a few microseconds
+    action = policy.select_action_numpy(observation_to_batch(obs, device) if needs_obs else None)
+    # One reduction instead of an elementwise test: any NaN or infinity makes the sum non-finite (and a
+    # sum that overflows only leads to the exact test below).
+    if not math.isfinite(action.sum()) and not np.isfinite(action).all():
         slot = int(np.flatnonzero(~np.isfinite(action.reshape(action.shape[0], -1)).all(axis=1))[0])
         raise NonFiniteActionError(
             f"the policy returned a non-finite action {action[slot].tolist()} for {describe_slot(slot)}; "

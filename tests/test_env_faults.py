@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
 from test_rollout import ChaseKeypointPolicy, EchoSeedPolicy, _pusht_env_cfg, reference, strip
 from toy_env import make_toy
@@ -286,6 +287,37 @@ def test_nan_action_is_refused_naming_slot_and_step():
             eval_policy(env, NaNAtStep(slot=1, call=3), 6, start_seed=100, progress=False)
         # The NaN never reached the env: its agent is where 4 finite actions put it.
         assert np.isfinite(np.asarray(env.envs[1].unwrapped.agent.position)).all()
+    finally:
+        env.close()
+
+
+class ConstantPolicy(ChaseKeypointPolicy):
+    """Every action of every chunk is `value` in both coordinates."""
+
+    def __init__(self, value: float):
+        super().__init__()
+        self.value = value
+
+    def predict_action_chunk(self, batch):
+        return torch.full_like(super().predict_action_chunk(batch), self.value)
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan")])
+def test_every_non_finite_value_is_refused(value):
+    env = make_env(_pusht_env_cfg("pusht_keypoints", 300), 2)
+    try:
+        with pytest.raises(NonFiniteActionError, match=r"env slot 0, episode 0 \(seed 0\) at its step 1;"):
+            eval_policy(env, ConstantPolicy(value), 2, progress=False)
+    finally:
+        env.close()
+
+
+def test_finite_actions_whose_sum_overflows_float32_are_sent():
+    """The finiteness check sums the actions first: an overflowing sum of finite values is no error."""
+    env = make_env(_pusht_env_cfg("pusht_keypoints", 3), 2)
+    try:
+        result = eval_policy(env, ConstantPolicy(3e38), 2, progress=False)
+        assert [e["n_steps"] for e in result["per_episode"]] == [3, 3]
     finally:
         env.close()
 

@@ -1,5 +1,6 @@
 """Action-queue timing and observation history of the Policy base class."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -146,6 +147,18 @@ def test_select_action_without_observation_between_chunks():
     history.select_action(obs(0))
     with pytest.raises(ValueError, match="n_obs_steps == 1"):
         history.select_action(None)  # the next chunk reads this step's observation
+
+
+@pytest.mark.parametrize("ensembled", [False, True])
+def test_select_action_numpy_is_select_action_as_a_host_array(ensembled):
+    """The rollout's call returns the same actions as `select_action`, as float32 numpy arrays."""
+    make = (lambda: EnsembledPolicy(0.3)) if ensembled else (lambda: StepEncodingPolicy(1, 3, horizon=3))
+    as_tensor, as_array = make(), make()
+    for t in range(7):
+        want = as_tensor.select_action(obs(t, 10 + t))
+        got = as_array.select_action_numpy(obs(t, 10 + t))
+        assert isinstance(got, np.ndarray) and got.dtype == np.float32
+        assert got.tolist() == want.tolist()
 
 
 class EnsembledPolicy(Policy):

@@ -210,6 +210,14 @@ class Policy(nn.Module, abc.ABC):
         predicts no chunk (`steps_until_chunk() > 0`) of a policy that keeps no history (`n_obs_steps ==
         1`): nothing would read it, so a caller can skip converting it.
         """
+        return torch.from_numpy(self.select_action_numpy(batch))
+
+    def select_action_numpy(self, batch: dict[str, Tensor] | None) -> np.ndarray:
+        """`select_action` as the host array an env takes, (B, action_dim) float32: the rollout's call.
+
+        Between chunks a step only reads the queue; a torch call there would cost more than the read
+        (the env step in between leaves the caches cold, so each costs microseconds).
+        """
         if self.temporal_ensemble_coeff is not None:
             return self._select_ensembled_action(batch)
         state = self._acting
@@ -226,7 +234,7 @@ class Policy(nn.Module, abc.ABC):
         else:
             action = state.queue[np.arange(state.batch_size), state.step - state.chunk_step]
         state.step += 1
-        return torch.from_numpy(action)
+        return action
 
     def _observe(self, state: _ActingState, batch: dict[str, Tensor]) -> None:
         """Add the observation keys of `batch` to the history (starting over on a new batch size or key set)."""
@@ -286,8 +294,8 @@ class Policy(nn.Module, abc.ABC):
             self._ensemble_tables[chunk_len] = (weights.numpy(), torch.cumsum(weights, dim=0).numpy())
         return self._ensemble_tables[chunk_len]
 
-    def _select_ensembled_action(self, batch: dict[str, Tensor] | None) -> Tensor:
-        """`select_action` under temporal ensembling: a chunk `(B, T, A)` for every env at every step, merged
+    def _select_ensembled_action(self, batch: dict[str, Tensor] | None) -> np.ndarray:
+        """`select_action_numpy` under temporal ensembling: a chunk `(B, T, A)` for every env at every step, merged
         into each env's running means of the next T steps.
 
         Per env, `mean[j]` is the mean of the `n[j]` predictions made so far for step `now + j` (since the
@@ -338,7 +346,7 @@ class Policy(nn.Module, abc.ABC):
         state.ensemble_count = counts[:, 1:]
         state.step += 1
         state.refill_step = state.step  # the next call predicts again: steps_until_chunk() == 0
-        return torch.from_numpy(merged[:, 0])
+        return merged[:, 0]
 
     def _stacked_history(self, state: _ActingState, ids: np.ndarray) -> dict[str, Tensor]:
         """`{key: (b, n_obs_steps, ...)}` for the envs `ids`, oldest first.
@@ -358,7 +366,10 @@ class Policy(nn.Module, abc.ABC):
         rows = None if ids.size == state.batch_size else torch.from_numpy(ids)
         history = {}
         for key in state.history[-1]:
-            value = torch.stack([entry[key] for entry in state.history], dim=1)  # (B, n_kept, ...)
+            if self.n_obs_steps == 1:  # a view: predict_action_chunk reads it before the next observation
+                value = state.history[-1][key].unsqueeze(1)  # (B, 1, ...)
+            else:
+                value = torch.stack([entry[key] for entry in state.history], dim=1)  # (B, n_kept, ...)
             if rows is not None:
                 value = value[rows.to(value.device)]
             if source is not None:
