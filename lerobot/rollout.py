@@ -85,9 +85,9 @@ def act(
     """
     needs_obs = policy.n_obs_steps > 1 or policy.steps_until_chunk() == 0
     action = policy.select_action_numpy(observation_to_batch(obs, device) if needs_obs else None)
-    # One reduction instead of an elementwise test: any NaN or infinity makes the sum non-finite (and a
-    # sum that overflows only leads to the exact test below).
-    if not math.isfinite(action.sum()) and not np.isfinite(action).all():
+    # One reduction instead of an elementwise test: any NaN or infinity makes the sum non-finite. Summed in
+    # float64, finite float32 actions cannot overflow it; the exact test is only reached on a non-finite sum.
+    if not math.isfinite(action.sum(dtype=np.float64)) and not np.isfinite(action).all():
         slot = int(np.flatnonzero(~np.isfinite(action.reshape(action.shape[0], -1)).all(axis=1))[0])
         raise NonFiniteActionError(
             f"the policy returned a non-finite action {action[slot].tolist()} for {describe_slot(slot)}; "
