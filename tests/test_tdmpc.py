@@ -202,10 +202,12 @@ def reference_plan(policy: TDMPCPolicy, z: torch.Tensor, gen: torch.Generator, p
 ROWS64 = dict(num_samples=60, num_pi_trajs=4, num_elites=8)
 
 
-def test_planner_matches_a_per_env_reference(one_thread):
-    """Batched planning of 3 envs (own seeds, warm starts, env 1 reset at call 2) == one env at a time."""
+@pytest.mark.parametrize("plan_action", ["elite", "mean"])
+def test_planner_matches_a_per_env_reference(one_thread, plan_action):
+    """Batched planning of 3 envs (own seeds, warm starts, env 1 reset at call 2) == one env at a time; the
+    executed action is the drawn elite's or the final mean's first step, as `plan_action` says."""
     seeds = [21, 22, 23]
-    policy = make_policy(**ROWS64)
+    policy = make_policy(**ROWS64, plan_action=plan_action)
     policy.set_noise_seed(seeds)
     gens = [torch.Generator().manual_seed(s) for s in seeds]
     prev: list[torch.Tensor | None] = [None] * 3
@@ -219,7 +221,8 @@ def test_planner_matches_a_per_env_reference(one_thread):
             z = policy.model.encode(policy.encode_observation(obs))
             for b in range(3):
                 plan, prev[b] = reference_plan(policy, z[b], gens[b], prev[b])
-                expected = policy.normalizer.unnormalize(ACTION, plan[0])
+                executed = plan if plan_action == "elite" else prev[b]
+                expected = policy.normalizer.unnormalize(ACTION, executed[0])
                 torch.testing.assert_close(batched[b], expected, rtol=1e-4, atol=1e-3)
 
 
@@ -413,3 +416,5 @@ def test_config_validation():
         tiny_config(latent_dim=20).validate()
     with pytest.raises(ConfigError, match="n_q_min"):
         tiny_config(n_q_min=4).validate()
+    with pytest.raises(ConfigError, match="plan_action='best'"):
+        tiny_config(plan_action="best").validate()

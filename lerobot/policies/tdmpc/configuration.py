@@ -26,6 +26,8 @@ from lerobot.config import ONLINE, PolicyConfig
 from lerobot.constants import ENV_STATE, STATE, VISUAL
 from lerobot.errors import ConfigError
 
+PLAN_ACTIONS = ("elite", "mean")
+
 
 @dataclass
 class TDMPCConfig(PolicyConfig):
@@ -79,6 +81,10 @@ class TDMPCConfig(PolicyConfig):
     momentum: float = 0.1
     min_std: float = 0.05
     max_std: float = 2.0
+    # Which action sequence a planning call returns. "elite" (TD-MPC): one final elite drawn by its score.
+    # "mean" (beyond TD-MPC as published): the final MPPI mean, the sequence the next call warm-starts from;
+    # it carries no sampling noise of its own, for tasks that end on a precise placement.
+    plan_action: str = "elite"
     # Seed of the per-env planner noise; the env in batch slot b uses `planner_seed + b` until
     # `TDMPCPolicy.set_noise_seed` says otherwise.
     planner_seed: int = 0
@@ -117,6 +123,8 @@ class TDMPCConfig(PolicyConfig):
             raise ConfigError(
                 f"policy.min_std={self.min_std} and max_std={self.max_std}: need 0 < min <= max"
             )
+        if self.plan_action not in PLAN_ACTIONS:
+            raise ConfigError(f"policy.plan_action={self.plan_action!r}: choose one of {PLAN_ACTIONS}")
         for key, feat in {**self.input_features, **self.output_features}.items():
             if feat.kind == VISUAL:
                 raise ConfigError(

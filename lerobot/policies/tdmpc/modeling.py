@@ -80,6 +80,7 @@ class TDMPCPolicy(OnlinePolicy):
                 min_std=config.min_std,
                 max_std=config.max_std,
                 discount=config.discount,
+                plan_action=config.plan_action,
             ),
             action_dim=self.action_dim,
             seed=config.planner_seed,

@@ -65,6 +65,7 @@ class PlannerSettings:
     min_std: float
     max_std: float
     discount: float
+    plan_action: str
 
 
 class MPPIPlanner:
@@ -211,10 +212,13 @@ class MPPIPlanner:
             std = var.sqrt().clamp(s.min_std, s.max_std)
             mean = s.momentum * mean + (1 - s.momentum) * new_mean
 
-        # Execute one elite drawn by its score (Gumbel-max with this env's uniform numbers), as TD-MPC does.
-        gumbel = -torch.log(-torch.log(unif.clamp(1e-20, 1 - 1e-7)))
-        choice = (score.clamp_min(1e-30).log() + gumbel).argmax(dim=1)
-        plan = elite_actions[torch.arange(batch_size, device=device), choice]  # (B, H, A)
+        if s.plan_action == "mean":
+            plan = mean
+        else:
+            # One elite drawn by its score (Gumbel-max with this env's uniform numbers), as TD-MPC does.
+            gumbel = -torch.log(-torch.log(unif.clamp(1e-20, 1 - 1e-7)))
+            choice = (score.clamp_min(1e-30).log() + gumbel).argmax(dim=1)
+            plan = elite_actions[torch.arange(batch_size, device=device), choice]  # (B, H, A)
         if explore:
             first = (plan[:, 0] + std[:, 0] * eps_explore[:, 0]).clamp(-1, 1)
             plan = torch.cat([first.unsqueeze(1), plan[:, 1:]], dim=1)
