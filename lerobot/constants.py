@@ -20,6 +20,8 @@ EPISODE_INDEX = "episode_index"
 FRAME_INDEX = "frame_index"
 INDEX = "index"
 TIMESTAMP = "timestamp"
+# (B,) bool in an online training batch: the sample was drawn from the demonstrations (`sample_mixed`).
+FROM_DEMONSTRATIONS = "from_demonstrations"
 
 # A training batch's per-sample random draws, when the trainer made them (`Policy.draw_training_noise`):
 # keys starting with this prefix, e.g. Diffusion's "noise.action" (B, horizon, A).

@@ -8,7 +8,15 @@ import pytest
 import torch
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
-from lerobot.constants import ACTION, NEXT_DONE, NEXT_REWARD, NEXT_TERMINATED, NEXT_TRUNCATED, OBS_STATE
+from lerobot.constants import (
+    ACTION,
+    FROM_DEMONSTRATIONS,
+    NEXT_DONE,
+    NEXT_REWARD,
+    NEXT_TERMINATED,
+    NEXT_TRUNCATED,
+    OBS_STATE,
+)
 from lerobot.training.replay_buffer import (
     ReplayBuffer,
     final_observations,
@@ -237,3 +245,6 @@ def test_state_dict_round_trip_and_mixing():
     mixed = sample_mixed(buffer, offline, 40, 2, offline_ratio=0.25)
     assert mixed[OBS_STATE].shape == (40, 3, 3)
     assert int((mixed[OBS_STATE][:, 0, 0] == -1).sum()) == 10
+    # The demonstration rows are marked, and only they.
+    torch.testing.assert_close(mixed[FROM_DEMONSTRATIONS], mixed[OBS_STATE][:, 0, 0] == -1)
+    assert not sample_mixed(buffer, None, 8, 2, offline_ratio=0.5)[FROM_DEMONSTRATIONS].any()

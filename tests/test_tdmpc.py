@@ -7,7 +7,7 @@ import torch
 from einops import einsum
 
 from lerobot.config import FeatureConfig
-from lerobot.constants import ACTION, NEXT_REWARD, OBS_ENV_STATE, OBS_STATE
+from lerobot.constants import ACTION, FROM_DEMONSTRATIONS, NEXT_REWARD, OBS_ENV_STATE, OBS_STATE
 from lerobot.errors import ConfigError
 from lerobot.policies.online_policy import OnlinePolicy
 from lerobot.policies.tdmpc import TDMPCConfig, TDMPCPolicy
@@ -360,6 +360,39 @@ def test_forward_backward_and_gradient_isolation():
     assert not any(v for n, v in grads.items() if not n.startswith("pi_head"))
 
 
+def test_bc_term_pulls_pi_toward_the_demonstration_rows_only():
+    """bc_coeff * rho-weighted (pi(z_t) - a_t)^2 over the rows marked as demonstrations; it trains pi alone,
+    and rows not marked (or a batch without the mask) add nothing."""
+    torch.manual_seed(0)
+    cfg = dict(consistency_coeff=0.0, reward_coeff=0.0, value_coeff=0.0, policy_coeff=0.0, rho=0.5)
+    policy = TDMPCPolicy(tiny_config(bc_coeff=0.4, **cfg)).train()
+    batch = training_batch()
+    demo = torch.arange(len(batch[ACTION])) % 2 == 1
+    out = policy({**batch, FROM_DEMONSTRATIONS: demo})
+    with torch.no_grad():
+        obs = policy.encode_observation({k: batch[k] for k in policy.obs_keys})
+        z = policy.model.encode(obs[:, 0])
+        action = policy.normalizer.normalize(ACTION, batch[ACTION])
+        err = []
+        for t in range(action.shape[1]):
+            err.append(((policy.model.pi(z) - action[:, t]) ** 2).mean(dim=1)[demo].mean())
+            z = policy.model.next(z, action[:, t])
+    want = (0.5 ** torch.arange(3.0) * torch.stack(err)).sum() / 3
+    torch.testing.assert_close(out["bc_loss"], want)
+    torch.testing.assert_close(out["loss"], 0.4 * want)
+    out["loss"].backward()
+    grads = {n: p.grad is not None and p.grad.abs().sum() > 0 for n, p in policy.model.named_parameters()}
+    assert any(v for n, v in grads.items() if n.startswith("pi_head"))
+    assert not any(v for n, v in grads.items() if not n.startswith("pi_head"))
+
+    # Only the marked rows count: changing an unmarked row's actions leaves the term as it was.
+    changed = {**batch, ACTION: batch[ACTION].clone(), FROM_DEMONSTRATIONS: demo}
+    changed[ACTION][~demo] = 0.0
+    torch.testing.assert_close(policy(changed)["bc_loss"], out["bc_loss"])
+    assert float(policy(batch)["bc_loss"]) == 0.0
+    assert float(policy({**batch, FROM_DEMONSTRATIONS: torch.zeros_like(demo)})["bc_loss"]) == 0.0
+
+
 def test_forward_runs_under_bf16_autocast():
     policy = TDMPCPolicy(tiny_config()).train()
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -416,5 +449,7 @@ def test_config_validation():
         tiny_config(latent_dim=20).validate()
     with pytest.raises(ConfigError, match="n_q_min"):
         tiny_config(n_q_min=4).validate()
+    with pytest.raises(ConfigError, match="bc_coeff"):
+        tiny_config(bc_coeff=-1.0).validate()
     with pytest.raises(ConfigError, match="plan_action='best'"):
         tiny_config(plan_action="best").validate()

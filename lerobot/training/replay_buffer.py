@@ -36,7 +36,14 @@ import torch
 from gymnasium.vector import AutoresetMode
 from torch import Tensor
 
-from lerobot.constants import ACTION, NEXT_DONE, NEXT_REWARD, NEXT_TERMINATED, NEXT_TRUNCATED
+from lerobot.constants import (
+    ACTION,
+    FROM_DEMONSTRATIONS,
+    NEXT_DONE,
+    NEXT_REWARD,
+    NEXT_TERMINATED,
+    NEXT_TRUNCATED,
+)
 
 _MAX_REJECTION_ROUNDS = 64
 
@@ -351,7 +358,8 @@ def sample_mixed(
     horizon: int,
     offline_ratio: float,
 ) -> dict[str, Tensor]:
-    """A batch with `round(batch_size * offline_ratio)` samples from `offline` and the rest from `online`."""
+    """A batch with `round(batch_size * offline_ratio)` samples from `offline` and the rest from `online`,
+    in that order: online rows first. `FROM_DEMONSTRATIONS` (B,) marks the rows drawn from `offline`."""
     n_off = round(batch_size * offline_ratio) if offline is not None and len(offline) > 0 else 0
     n_on = batch_size - n_off
     parts = []
@@ -359,6 +367,6 @@ def sample_mixed(
         parts.append(online.sample(n_on, horizon))
     if n_off > 0:
         parts.append(offline.sample(n_off, horizon))
-    if len(parts) == 1:
-        return parts[0]
-    return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+    batch = parts[0] if len(parts) == 1 else {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+    batch[FROM_DEMONSTRATIONS] = torch.arange(batch_size) >= n_on
+    return batch

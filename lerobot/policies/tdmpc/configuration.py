@@ -61,6 +61,11 @@ class TDMPCConfig(PolicyConfig):
     reward_coeff: float = 0.5
     value_coeff: float = 0.1
     policy_coeff: float = 1.0
+    # Beyond TD-MPC as published: weight of a behaviour-cloning term that pulls pi toward the demonstrations'
+    # actions on a batch's demonstration rows (`training.offline_ratio > 0`), (pi(z_t) - a_t)^2 in
+    # normalised action units. MoDem (Hansen et al. 2023) pretrains pi this way; here the term stays for the
+    # whole run. 0.4 weighs it against the Q term (normalised by its running scale) as TD3+BC's alpha=2.5.
+    bc_coeff: float = 0.0
     tau: float = 0.01
     # Beyond TD-MPC as published: the value target of a transition that ended its episode by termination.
     # False (the paper): no bootstrap, the target is the last reward alone. True: the final state is absorbing
@@ -117,6 +122,8 @@ class TDMPCConfig(PolicyConfig):
             )
         if self.iterations < 1 or self.num_samples < 1 or self.num_pi_trajs < 0:
             raise ConfigError("policy.iterations and policy.num_samples must be >= 1, num_pi_trajs >= 0")
+        if self.bc_coeff < 0:
+            raise ConfigError(f"policy.bc_coeff={self.bc_coeff} must be >= 0")
         if not 0.0 < self.tau <= 1.0:
             raise ConfigError(f"policy.tau={self.tau} must be in (0, 1]")
         if not 0.0 < self.min_std <= self.max_std:

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from lerobot.constants import ACTION, NEXT_REWARD, NEXT_TERMINATED
+from lerobot.constants import ACTION, FROM_DEMONSTRATIONS, NEXT_REWARD, NEXT_TERMINATED
 from lerobot.policies.online_policy import OnlinePolicy
 from lerobot.policies.tdmpc.configuration import TDMPCConfig
 from lerobot.policies.tdmpc.networks import BoundsNormalizer, WorldModel
@@ -145,7 +145,9 @@ class TDMPCPolicy(OnlinePolicy):
         - value: sum over the ensemble of (Q_k(z_t, a_t) - (r_t + discount * (1 - term_t) * V'(o_{t+1})))^2,
           V'(o) = min over `n_q_min` random target Qs of Q'(h(o), pi(h(o))); with `absorbing_terminal` a
           terminated step bootstraps from r_t / (1 - discount) instead of nothing
-        - policy: -min over `n_q_min` random Qs of Q(z_t, pi(z_t)) / q_scale on detached latents, Q frozen.
+        - policy: -min over `n_q_min` random Qs of Q(z_t, pi(z_t)) / q_scale on detached latents, Q frozen;
+          with `bc_coeff > 0` plus bc_coeff * (pi(z_t) - a_t)^2 (mean over action dims) on the rows marked
+          `FROM_DEMONSTRATIONS`, t < H
         """
         cfg = self.config
         action = self.normalizer.normalize(self.action_key, batch[ACTION])  # (B, H, A)
@@ -188,7 +190,8 @@ class TDMPCPolicy(OnlinePolicy):
         # Policy: maximise Q along the (detached) latent rollout; Q's weights are detached so this term
         # trains pi alone.
         z_pi = zs.detach()
-        q_pi = self.model.q(z_pi, self.model.pi(z_pi), detach_params=True)  # (n_q, B, H+1)
+        pi_actions = self.model.pi(z_pi)  # (B, H+1, A)
+        q_pi = self.model.q(z_pi, pi_actions, detach_params=True)  # (n_q, B, H+1)
         subset_pi = torch.randperm(cfg.n_q, device=action.device)[: cfg.n_q_min]
         q_pi = q_pi[subset_pi].min(dim=0).values
         if self.training:
@@ -196,12 +199,20 @@ class TDMPCPolicy(OnlinePolicy):
                 self.q_scale.lerp_(q_pi.abs().mean().to(self.q_scale.dtype), 1.0 - cfg.q_scale_momentum)
         scale = self.q_scale.clamp_min(1.0)
         policy_loss = -(rho * (q_pi / scale).mean(dim=0)).sum() / (horizon + 1)
+        bc_loss = action.new_zeros(())
+        if cfg.bc_coeff > 0 and FROM_DEMONSTRATIONS in batch:
+            # A masked mean rather than indexing, so that no count is read back to the host.
+            demo = batch[FROM_DEMONSTRATIONS].to(action.dtype)  # (B,)
+            sq_err = ((pi_actions[:, :-1] - action) ** 2).mean(dim=2)  # (B, H)
+            bc_err = (demo.unsqueeze(1) * sq_err).sum(dim=0) / demo.sum().clamp_min(1.0)  # (H,)
+            bc_loss = (w * bc_err).sum() / horizon
 
         loss = (
             cfg.consistency_coeff * consistency
             + cfg.reward_coeff * reward_loss
             + cfg.value_coeff * value_loss
             + cfg.policy_coeff * policy_loss
+            + cfg.bc_coeff * bc_loss
         )
         return {
             "loss": loss,
@@ -209,6 +220,7 @@ class TDMPCPolicy(OnlinePolicy):
             "reward_loss": reward_loss.detach(),
             "value_loss": value_loss.detach(),
             "policy_loss": policy_loss.detach(),
+            "bc_loss": bc_loss.detach(),
             "q_mean": q_pred.detach().mean(),
             "td_target_mean": td_target.mean(),
         }
