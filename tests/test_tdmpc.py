@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from einops import einsum
 
 from lerobot.config import FeatureConfig
 from lerobot.constants import ACTION, FROM_DEMONSTRATIONS, NEXT_REWARD, OBS_ENV_STATE, OBS_STATE
 from lerobot.errors import ConfigError
 from lerobot.policies.online_policy import OnlinePolicy
-from lerobot.policies.tdmpc import TDMPCConfig, TDMPCPolicy
+from lerobot.policies.tdmpc import TDMPCConfig, TDMPCPolicy, networks
 from lerobot.policies.tdmpc import planner as planner_module
 from lerobot.policies.tdmpc.modeling import NEXT_TERMINATED
 
@@ -281,6 +282,23 @@ def test_blocked_values_are_bit_identical(one_thread, monkeypatch):
         expected = expected + discount * model.q(zs, model.pi(zs)).mean(dim=0)
     torch.testing.assert_close(blocked, whole, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(whole, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_elu_is_torch_elu_in_value_and_gradient():
+    """The exp-based ELU equals F.elu to float rounding (positives exactly), in place and with autograd."""
+    special = [0.0, -0.0, -1e-8, -1e-4, -30.0, 1e-30, 90.0, float("inf"), float("-inf")]
+    x = torch.cat([torch.randn(4096, generator=torch.Generator().manual_seed(0)) * 3, torch.tensor(special)])
+    leaf = x.clone().requires_grad_()
+    out = networks.elu(leaf)
+    torch.testing.assert_close(out.double(), F.elu(x.double()), rtol=0, atol=1e-7)
+    assert torch.equal(out[x > 0], x[x > 0])
+    out.backward(torch.linspace(-2, 2, len(x)))
+    ref_leaf = x.clone().requires_grad_()
+    F.elu(ref_leaf).backward(torch.linspace(-2, 2, len(x)))
+    torch.testing.assert_close(leaf.grad, ref_leaf.grad, rtol=1e-6, atol=1e-7)
+    y = x.clone()
+    assert networks.elu_(y) is y and torch.equal(y, out.detach())
+    assert networks.elu(torch.tensor([float("nan")])).isnan().all()
 
 
 def test_block_bounds_cover_the_rows_in_aligned_blocks():

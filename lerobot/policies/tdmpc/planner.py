@@ -25,7 +25,8 @@ dynamics read one [z_t, a_t] buffer. Every row goes through the same ops as in o
 sizes are multiples of `ROW_ALIGN` rows, so the kernels see the same element layout: the values, hence the
 plans, are bit-identical to evaluating all rows at once (tests/test_tdmpc.py, benchmarks/bench_tdmpc_eval.py).
 The cost left is arithmetic: with the CPU recipe's sizes, 1.40M multiply-adds per candidate sequence (5
-steps of the reward and dynamics MLPs, then pi and the Q ensemble) and 8k ELUs (expm1); see docs/tdmpc.md.
+steps of the reward and dynamics MLPs, then pi and the Q ensemble) and 8k ELUs (from `exp`, not the several
+times slower `expm1`: `networks.elu_`); see docs/tdmpc.md.
 """
 
 from __future__ import annotations
