@@ -1,17 +1,18 @@
 """MPPI planning in TD-MPC's latent space, batched over every env at once.
 
 One planning call for B envs evaluates B x (num_samples + num_pi_trajs) action sequences in a single batched
-latent rollout per iteration; there is no Python loop over envs in the computation.
+latent rollout in its first iteration, and the B x num_samples new samples in each later one (the policy
+trajectories are the same in every iteration, so their values are kept); there is no Python loop over envs in
+the computation.
 
 Noise and batch independence: every env slot b owns a `torch.Generator` (seeded `seed_b`), or is handed one
 per call (its episode's stream, during evaluation), and all the random numbers a planning call needs for that
 env (sampling noise of every iteration, policy-trajectory noise, the elite draw and the exploration noise) are
-drawn from that generator alone, in a fixed order. So the plan
-env b gets depends only on its own observation, its own previous plan and its own seed: planning B envs
-together gives each env what planning it alone with the same seed would. Bit for bit when N = num_samples +
-num_pi_trajs is a multiple of `ROW_ALIGN` and at least `MIN_BLOCK_ROWS` (tested); otherwise up to float
-rounding, since a row's place in the batch can decide whether a kernel treats it in its vectorised part or
-its scalar tail. Drawing the noise is the only per-env loop (B small `randn` calls per planning call).
+drawn from that generator alone, in a fixed order. So the plan env b gets depends only on its own
+observation, its own previous plan and its own seed: planning B envs together gives each env what planning it
+alone with the same seed would. Bit for bit when num_samples and N = num_samples + num_pi_trajs are multiples
+of `ROW_ALIGN` and num_samples is at least `MIN_BLOCK_ROWS`; otherwise up to float rounding, since a row's
+place in the batch can decide whether a kernel treats it in its vectorised part or its scalar tail. Drawing the noise is the only per-env loop (B small `randn` calls per planning call).
 
 Warm start: each slot keeps its last mean action sequence; the next call starts from it shifted by one
 step (as TD-MPC). `reset(env_ids)` forgets it for envs that start a new episode.
@@ -20,8 +21,8 @@ Speed (CPU): on one thread the value rollout of the B x N candidate sequences ru
 `ROWS_PER_BLOCK` rows, so that each block's activations (rows x mlp_dim floats, n_q times that in the Q
 ensemble) stay in cache instead of streaming tens of MB through memory; on several threads it runs as one
 block (every op is then a parallel region, and many small ones cost more in thread wake-ups than the cache
-saves), and on a GPU too (more, smaller kernels would only add launches). The hidden ELUs and the Q ensemble's LayerNorm affine run in place, and the reward head and the
-dynamics read one [z_t, a_t] buffer. Every row goes through the same ops as in one big batch, and block
+saves), and on a GPU too (more, smaller kernels would only add launches). The hidden ELUs and the Q
+ensemble's LayerNorm affine run in place, and the reward head and the dynamics read one [z_t, a_t] buffer. Every row goes through the same ops as in one big batch, and block
 sizes are multiples of `ROW_ALIGN` rows, so the kernels see the same element layout: the values, hence the
 plans, are bit-identical to evaluating all rows at once (tests/test_tdmpc.py, benchmarks/bench_tdmpc_eval.py).
 The cost left is arithmetic: with the CPU recipe's sizes, 1.40M multiply-adds per candidate sequence (5
@@ -198,10 +199,19 @@ class MPPIPlanner:
         std = torch.full_like(mean, s.max_std)
 
         z_rows = z.repeat_interleave(n_s + n_pi, dim=0)  # (B * N, L): row b * N + n is env b's latent
+        z_sampled_rows = z.repeat_interleave(n_s, dim=0)  # (B * num_samples, L)
+        pi_value = None  # (B, num_pi_trajs): the policy trajectories' values, the same in every iteration
         for i in range(s.iterations):
             sampled = (mean.unsqueeze(1) + std.unsqueeze(1) * eps_samples[:, i]).clamp(-1, 1)
-            actions = torch.cat([sampled, pi_actions], dim=1)  # (B, N, H, A)
-            value = self.estimate_value(model, z_rows, actions.flatten(0, 1)).view(batch_size, -1)  # (B, N)
+            actions = torch.cat([sampled, pi_actions], dim=1)  # (B, N, H, A); values below (B, N)
+            if pi_value is None:
+                # Both kinds of candidates in one rollout, so the first iteration's rows are laid out as
+                # in every earlier planner (a batch of B * num_pi_trajs rows alone would take other kernels).
+                value = self.estimate_value(model, z_rows, actions.flatten(0, 1)).view(batch_size, -1)
+                pi_value = value[:, n_s:]
+            else:
+                sampled_value = self.estimate_value(model, z_sampled_rows, sampled.flatten(0, 1))
+                value = torch.cat([sampled_value.view(batch_size, n_s), pi_value], dim=1)
             elite_value, elite_idx = value.topk(n_el, dim=1)  # (B, K)
             elite_actions = actions.gather(
                 1, elite_idx.view(batch_size, n_el, 1, 1).expand(-1, -1, horizon, a_dim)
