@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 from lerobot import distributed
 from lerobot.errors import EXPECTED_ERRORS
+from lerobot.runtime.allocator import keep_freed_memory
 from lerobot.runtime.files import no_space_error
 from lerobot.runtime.signals import EXIT_CODES, STOP_SIGNALS, StopAborted, ignore_stop_signals
 
@@ -36,6 +37,7 @@ def _raise_terminated(signum: int, frame: object) -> None:
 
 def run_command(main: Callable[[list[str] | None], int], argv: list[str] | None) -> int:
     """`main(argv)`'s exit code, with every expected failure turned into one line on stderr."""
+    keep_freed_memory()  # fewer fresh page faults in the hot loops (lerobot/runtime/allocator.py)
     # On N processes (torchrun) the main one reports progress; the others only warnings and errors.
     logging.basicConfig(
         level=logging.INFO if distributed.is_main() else logging.WARNING,

@@ -5,6 +5,8 @@
   writer per run directory (`RunLock`).
 - `checksums`: the sha256 of each checkpoint file, verified before it is read.
 - `signals`: SIGTERM/SIGUSR1/Ctrl-C become a clean stop at a step boundary.
+- `allocator`: freed memory kept for reuse rather than returned to the kernel, set once per command: fresh
+  page faults were 12% of a TD-MPC planning call.
 
 Importing this package imports no torch (env and loader workers use `signals`).
 """
