@@ -147,7 +147,7 @@ class QEnsemble(nn.Module):
             w, b = self.weights[i], self.biases[i]
             if detach_params:
                 w, b = w.detach(), b.detach()
-            h = _member_linear(h, w, b)  # (n, N, d_out)
+            h = member_linear(h, w, b)  # (n, N, d_out)
             if i < n_layers - 1:
                 g, beta = self.ln_weights[i], self.ln_biases[i]
                 if detach_params:
@@ -165,7 +165,7 @@ class QEnsemble(nn.Module):
         h = x.unsqueeze(0).expand(self.n, -1, -1)  # (n, N, in_dim)
         n_layers = len(self.weights)
         for i in range(n_layers):
-            h = _member_linear(h, self.weights[i], self.biases[i])  # (n, N, d_out)
+            h = member_linear(h, self.weights[i], self.biases[i])  # (n, N, d_out)
             if i < n_layers - 1:
                 h = F.layer_norm(h, h.shape[-1:])
                 h.mul_(self.ln_weights[i].unsqueeze(1)).add_(self.ln_biases[i].unsqueeze(1))
@@ -173,7 +173,7 @@ class QEnsemble(nn.Module):
         return h.squeeze(-1)
 
 
-def _member_linear(h: Tensor, w: Tensor, b: Tensor) -> Tensor:
+def member_linear(h: Tensor, w: Tensor, b: Tensor) -> Tensor:
     """Each member's affine layer: h (n, N, d_in), w (n, d_in, d_out), b (n, d_out) -> (n, N, d_out).
 
     A one-output layer is a dot product per row: as a batched matmul it would run about 7x slower on a CPU.
