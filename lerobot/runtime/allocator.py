@@ -1,11 +1,12 @@
-"""How the C allocator treats freed memory: kept for the next allocation instead of handed back to the kernel.
+"""How the C allocator treats freed memory: kept for the next allocation, not handed back to the kernel.
 
-A planning call or a training step allocates and frees the same megabyte-sized tensors thousands of times. With
-glibc's defaults the freed top of the heap is returned to the kernel once it passes a small threshold, so the
-next allocation of the same size takes a fresh page fault per 4 KiB page: on a 2-core AMD EPYC that was 12% of a
-TD-MPC planning call of 50 envs (docs/tdmpc.md). `keep_freed_memory` raises the two thresholds involved, as
-`MALLOC_TRIM_THRESHOLD_` and `MALLOC_MMAP_THRESHOLD_` would, which PyTorch's CPU tuning guide achieves by
-preloading another allocator. The cost is up to `TRIM_THRESHOLD` bytes of freed memory a process keeps mapped.
+A planning call or a training step allocates and frees the same megabyte-sized tensors thousands of times.
+With glibc's defaults the freed top of the heap is returned to the kernel once it passes a small threshold,
+so the next allocation of the same size takes a fresh page fault per 4 KiB page: on a 2-core AMD EPYC that
+was 12% of a TD-MPC planning call of 50 envs (docs/tdmpc.md). `keep_freed_memory` raises the two thresholds
+involved, as `MALLOC_TRIM_THRESHOLD_` and `MALLOC_MMAP_THRESHOLD_` would, which PyTorch's CPU tuning guide
+achieves by preloading another allocator. The cost is up to `TRIM_THRESHOLD` bytes of freed memory a
+process keeps mapped.
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ drawn from that generator alone, in a fixed order. So the plan env b gets depend
 observation, its own previous plan and its own seed: planning B envs together gives each env what planning it
 alone with the same seed would. Bit for bit when num_samples and N = num_samples + num_pi_trajs are multiples
 of `ROW_ALIGN` and num_samples is at least `MIN_BLOCK_ROWS`; otherwise up to float rounding, since a row's
-place in the batch can decide whether a kernel treats it in its vectorised part or its scalar tail. Drawing the noise is the only per-env loop (B small `randn` calls per planning call).
+place in the batch can decide whether a kernel treats it in its vectorised part or its scalar tail. Drawing
+the noise is the only per-env loop (B small `randn` calls per planning call).
 
 Warm start: each slot keeps its last mean action sequence; the next call starts from it shifted by one
 step (as TD-MPC). `reset(env_ids)` forgets it for envs that start a new episode.
@@ -22,9 +23,10 @@ Speed (CPU): on one thread the value rollout of the B x N candidate sequences ru
 ensemble) stay in cache instead of streaming tens of MB through memory; on several threads it runs as one
 block (every op is then a parallel region, and many small ones cost more in thread wake-ups than the cache
 saves), and on a GPU too (more, smaller kernels would only add launches). The hidden ELUs and the Q
-ensemble's LayerNorm affine run in place, and the reward head and the dynamics read one [z_t, a_t] buffer. Every row goes through the same ops as in one big batch, and block
-sizes are multiples of `ROW_ALIGN` rows, so the kernels see the same element layout: the values, hence the
-plans, are bit-identical to evaluating all rows at once (tests/test_tdmpc.py, benchmarks/bench_tdmpc_eval.py).
+ensemble's LayerNorm affine run in place, and the reward head and the dynamics read one [z_t, a_t] buffer.
+Every row goes through the same ops as in one big batch, and block sizes are multiples of `ROW_ALIGN` rows,
+so the kernels see the same element layout: the values, hence the plans, are bit-identical to evaluating all
+rows at once (tests/test_tdmpc.py, benchmarks/bench_tdmpc_eval.py).
 The cost left is arithmetic: with the CPU recipe's sizes, 1.40M multiply-adds per candidate sequence (5
 steps of the reward and dynamics MLPs, then pi and the Q ensemble) and 8k ELUs (from `exp`, not the several
 times slower `expm1`: `networks.elu_`); see docs/tdmpc.md.
