@@ -99,3 +99,32 @@ def test_training_loop_says_when_log_checkpoint_and_eval_are_due(tmp_path):
     saved = [s for s, _, ckpt, _ in due if ckpt]
     assert logged == [12, 20, 32, 40, 48] and saved == [20, 40, 48]
     assert not any(e for *_, e in due)
+
+
+def test_stop_line_names_every_process_the_signal_reached_by_the_time_the_checkpoint_is_written(
+    tmp_path, monkeypatch
+):
+    # torchrun forwards its SIGTERM to its workers one after the other: rank 0 may get it just after the
+    # step's exchange saw rank 1's. The loop asks again on leaving, so the stop line names both.
+    import signal
+
+    from lerobot.cli import compose_config
+    from lerobot.runtime.signals import stop_on_signals
+    from lerobot.training import run as training_run
+
+    cfg = compose_config(["policy=tdmpc", "env=pendulum", "training.steps=40", "training.save_freq=20"])
+    cfg.eval.freq = 0
+    exchanges = iter([{}, {1: signal.SIGTERM}, {0: signal.SIGTERM, 1: signal.SIGTERM}])
+    monkeypatch.setattr(training_run.distributed, "stop_signals", lambda signum: next(exchanges))
+    monkeypatch.setattr(training_run.distributed, "world_size", lambda: 2)
+    with (
+        stop_on_signals() as stop,
+        training_run.TrainingLoop(cfg, tmp_path, start=0, resumed=False, unit="tr", progress=False) as loop,
+    ):
+        loop.advance(4)
+        stop.signum = signal.SIGTERM  # what the handler records
+        due = loop.advance(4)
+        assert due.checkpoint and not loop.running
+        assert stop.received_by == (1,)  # what the step's exchange saw
+    assert (stop.stopped_at, stop.stop_signum) == (8, signal.SIGTERM)
+    assert stop.received_by_text(2) == " (received by all 2 processes)"

@@ -303,8 +303,15 @@ class TrainingLoop:
         self._armed.__enter__()
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self._armed.__exit__(*exc)
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        if exc_type is None and self._stopping and self._stop is not None and self._stop.stop_signum:
+            # A signal sent to every process (torchrun forwards its own to each worker in turn) may reach
+            # one after the step's exchange; asked again once the checkpoint is written, the stop line
+            # names every process that got it.
+            received = distributed.stop_signals(self._stop.signum)
+            receivers = sorted(r for r, s in received.items() if s == self._stop.stop_signum)
+            self._stop.stopped(self._stop.stopped_at, self._stop.stop_signum, receivers)
+        self._armed.__exit__(exc_type, *exc)
         self._bar.close()
         if self.logger is not None:
             self.logger.close()
