@@ -170,7 +170,8 @@ def main() -> None:
     previous = RESULTS_DIR / "eval.json"
     if not utilization and previous.exists():
         utilization = json.loads(previous.read_text()).get("utilization", [])
-    rows = keep_previous_rows("eval", rows, key="policy")
+    # A run of some env counts (`--n-envs 1`) replaces those rows and keeps the others.
+    rows = keep_previous_rows("eval", rows, key=("policy", "env", "n_envs", "mode"))
     print(f"wrote {save_results('eval', rows, {'utilization': utilization})}")
 
 

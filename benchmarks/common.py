@@ -78,16 +78,22 @@ def save_results(name: str, rows: list[dict], extra: dict | None = None) -> Path
     return path
 
 
-def keep_previous_rows(name: str, rows: list[dict], key: str) -> list[dict]:
-    """`rows` plus the rows of `results/<name>.json` whose `key` value this run did not produce (a partial
-    run, e.g. `--rows tdmpc`, updates its rows and keeps the others, each with the machine it came from)."""
+def keep_previous_rows(name: str, rows: list[dict], key: str | tuple[str, ...]) -> list[dict]:
+    """`rows` plus the rows of `results/<name>.json` whose `key` value (or values, for a tuple of keys)
+    this run did not produce (a partial run, e.g. `--rows tdmpc`, updates its rows and keeps the others,
+    each with the machine it came from)."""
     path = RESULTS_DIR / f"{name}.json"
     if not path.exists():
         return rows
-    ran = {r[key] for r in rows}
+    keys = (key,) if isinstance(key, str) else key
+    ran = {tuple(r.get(k) for k in keys) for r in rows}
     previous = json.loads(path.read_text())
     # A kept row names the machine it was measured on: the file's machine block is this run's.
-    kept = [{"machine": previous["machine"], **r} for r in previous["rows"] if r[key] not in ran]
+    kept = [
+        {"machine": previous["machine"], **r}
+        for r in previous["rows"]
+        if tuple(r.get(k) for k in keys) not in ran
+    ]
     return kept + rows
 
 

@@ -29,7 +29,17 @@ class EnvWorkerError(RuntimeError):
 
 
 class NonFiniteActionError(ValueError):
-    """The policy returned a NaN or infinite action; it was not sent to the env."""
+    """The policy returned a NaN or infinite action; it was not sent to the env.
+
+    Where `Policy.select_action` found it: `slot`, the env slot (batch row); `steps_ahead`, how many steps
+    after the current one that action of the new chunk was for (0: the action of this step); `action`, its
+    values. None/0/None where not known."""
+
+    def __init__(
+        self, message: str, slot: int | None = None, steps_ahead: int = 0, action: list[float] | None = None
+    ):
+        super().__init__(message)
+        self.slot, self.steps_ahead, self.action = slot, steps_ahead, action
 
 
 class PretrainedError(ValueError):

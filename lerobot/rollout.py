@@ -79,21 +79,26 @@ def act(
     `obs` is converted (`observation_to_batch`, onto `device`) only when the policy reads it: a policy that
     keeps no history (`n_obs_steps == 1`) reads none between its chunks (`steps_until_chunk() > 0`), the
     rule under which `Policy.select_action` takes None.
-    A NaN or infinite action raises `NonFiniteActionError` and never reaches the env. The message names the
-    first such slot as the caller's `describe_slot(slot)` puts it (e.g. "env slot 1, episode 1 (seed 101)
-    at its step 5") and ends with `advice`, what to do about it.
+    A NaN or infinite action never reaches the env: the policy refuses it when it predicts it (each chunk is
+    checked once, when it is queued), and `act` raises `NonFiniteActionError` naming the first such slot as
+    the caller's `describe_slot(slot)` puts it (e.g. "env slot 1, episode 1 (seed 101) at its step 5"),
+    ending with `advice`, what to do about it.
     """
     needs_obs = policy.n_obs_steps > 1 or policy.steps_until_chunk() == 0
-    action = policy.select_action_numpy(observation_to_batch(obs, device) if needs_obs else None)
-    # One reduction instead of an elementwise test: any NaN or infinity makes the sum non-finite. Summed in
-    # float64, finite float32 actions cannot overflow it; the exact test is only reached on a non-finite sum.
-    if not math.isfinite(action.sum(dtype=np.float64)) and not np.isfinite(action).all():
-        slot = int(np.flatnonzero(~np.isfinite(action.reshape(action.shape[0], -1)).all(axis=1))[0])
+    try:
+        return policy.select_action_numpy(observation_to_batch(obs, device) if needs_obs else None)
+    except NonFiniteActionError as e:
+        if e.slot is None:
+            raise
+        n = e.steps_ahead
+        ahead = f" (in the chunk predicted then, {n} step{'s' if n > 1 else ''} ahead)" if n else ""
         raise NonFiniteActionError(
-            f"the policy returned a non-finite action {action[slot].tolist()} for {describe_slot(slot)}; "
-            f"it was not sent to the env. {advice}"
-        )
-    return action
+            f"the policy returned a non-finite action {e.action} for {describe_slot(e.slot)}{ahead}; "
+            f"it was not sent to the env. {advice}",
+            e.slot,
+            e.steps_ahead,
+            e.action,
+        ) from None
 
 
 def _step(env: VectorEnv, action: np.ndarray, timeout_s: float | None, watchdog: Watchdog | None):
@@ -189,9 +194,11 @@ class _Episodes:
         self.idle_seed = start_seed + n_episodes
         self.slot_episode = np.full(num_envs, -1, dtype=np.int64)  # -1 = idle
         self.slot_start = np.zeros(num_envs, dtype=np.int64)  # vector step at which the episode began
-        self.slot_sum = np.zeros(num_envs)
-        self.slot_max = np.full(num_envs, -np.inf)
-        self.slot_success = np.zeros(num_envs, dtype=bool)
+        # Every vector step's (B,) rewards and successes since the oldest running episode began (vector
+        # step `first_kept`): a step only appends them, an episode's figures are computed once, at its end.
+        self.rewards: list[np.ndarray] = []
+        self.successes: list[np.ndarray] = []
+        self.first_kept = 0
         self.sum_reward = np.zeros(n_episodes)
         self.max_reward = np.full(n_episodes, -np.inf)
         self.success = np.zeros(n_episodes, dtype=bool)
@@ -219,9 +226,6 @@ class _Episodes:
                 self.slot_episode[slot] = -1
                 seeds[slot] = self._take_idle_seed()
         self.n_active = int(np.count_nonzero(self.slot_episode >= 0))
-        self.slot_sum[slots] = 0.0
-        self.slot_max[slots] = -np.inf
-        self.slot_success[slots] = False
         self.slot_start[slots] = self.vector_steps
         return seeds
 
@@ -237,23 +241,31 @@ class _Episodes:
         return self.idle_seed - 1
 
     def log_step(self, reward: np.ndarray, success: np.ndarray) -> None:
-        """Count one vector step and add its (B,) rewards and successes to every slot's running figures."""
+        """Count one vector step and keep its (B,) rewards and successes (new arrays, as a vector env returns)."""
         self.vector_steps += 1
         self.busy_steps += self.n_active
-        # Summed step by step in episode order: the same float result as a plain single-env loop.
-        self.slot_sum += reward
-        np.maximum(self.slot_max, reward, out=self.slot_max)
-        self.slot_success |= success
+        self.rewards.append(reward)
+        self.successes.append(success)
 
     def finish(self, slots: np.ndarray) -> np.ndarray:
         """Record the episodes that `slots` ended at the step just taken; return their indices."""
         episodes = self.slot_episode[slots]
-        self.sum_reward[episodes] = self.slot_sum[slots]
-        self.max_reward[episodes] = self.slot_max[slots]
-        self.success[episodes] = self.slot_success[slots]
+        first = int(self.slot_start[slots].min())
+        rewards = np.stack(self.rewards[first - self.first_kept :])  # (T, B) from the oldest of their starts
+        successes = np.stack(self.successes[first - self.first_kept :])
+        for slot, episode, start in zip(slots.tolist(), episodes.tolist(), self.slot_start[slots].tolist()):
+            own = rewards[start - first :, slot]
+            # A cumulative sum adds step by step in episode order: a plain single-env loop's float result.
+            self.sum_reward[episode] = np.cumsum(own, dtype=np.float64)[-1]
+            self.max_reward[episode] = own.max()
+            self.success[episode] = successes[start - first :, slot].any()
         self.n_steps[episodes] = self.vector_steps - self.slot_start[slots]
         self.slot_episode[slots] = -1
         self.n_active -= len(slots)
+        running = self.slot_episode >= 0
+        oldest = int(self.slot_start[running].min()) if running.any() else self.vector_steps
+        del self.rewards[: oldest - self.first_kept], self.successes[: oldest - self.first_kept]
+        self.first_kept = oldest
         return episodes
 
     def running(self) -> tuple[np.ndarray, list[tuple[int, int]]]:

@@ -304,6 +304,54 @@ def test_nan_action_is_refused_naming_slot_and_step():
         env.close()
 
 
+class NaNLaterInChunk(ChaseKeypointPolicy):
+    """ChaseKeypointPolicy whose `call`-th chunk has a NaN as the second action of env slot `slot`."""
+
+    def __init__(self, slot: int, call: int):
+        super().__init__()
+        self.slot, self.call, self.calls = slot, call, 0
+
+    def predict_action_chunk(self, batch):
+        chunk = super().predict_action_chunk(batch)
+        self.calls += 1
+        if self.calls == self.call:
+            chunk[self.slot, 1, 0] = float("nan")
+        return chunk
+
+
+def test_a_chunk_with_a_later_nan_is_refused_when_predicted_and_none_of_it_is_sent():
+    env = make_env(_pusht_env_cfg("pusht_keypoints", 300), 2)
+    try:
+        clean = eval_policy(env, ChaseKeypointPolicy(), 2, start_seed=100, progress=False)
+        assert clean["aggregated"]["n_episodes"] == 2
+        # The 3rd chunk serves steps 5 and 6; its action for step 6 of slot 0 is NaN: refused at step 5.
+        with pytest.raises(
+            NonFiniteActionError,
+            match=r"\[nan, [-0-9.e]+\] for env slot 0, episode 0 \(seed 100\) at its step 5 "
+            r"\(in the chunk predicted then, 1 step ahead\); it was not sent",
+        ) as refused:
+            eval_policy(env, NaNLaterInChunk(slot=0, call=3), 2, start_seed=100, progress=False)
+        assert (refused.value.slot, refused.value.steps_ahead) == (0, 1)
+        # Four finite actions were sent, none of the refused chunk: the agent is where they put it.
+        after_four = make_env(_pusht_env_cfg("pusht_keypoints", 4), 2)
+        try:
+            eval_policy(after_four, ChaseKeypointPolicy(), 2, start_seed=100, progress=False)
+            want = np.asarray(after_four.envs[0].unwrapped.agent.position)
+        finally:
+            after_four.close()
+        assert np.allclose(np.asarray(env.envs[0].unwrapped.agent.position), want)
+    finally:
+        env.close()
+
+
+def test_select_action_refuses_a_non_finite_chunk_naming_where_it_is():
+    policy = NaNLaterInChunk(slot=1, call=1)
+    batch = {"observation.environment_state": torch.zeros(3, 16)}
+    with pytest.raises(NonFiniteActionError, match=r"non-finite action \[nan, 25.0\] for env slot 1") as e:
+        policy.select_action(batch)
+    assert (e.value.slot, e.value.steps_ahead) == (1, 1)
+
+
 class ConstantPolicy(ChaseKeypointPolicy):
     """Every action of every chunk is `value` in both coordinates."""
 

@@ -468,3 +468,37 @@ def test_wilson_interval_matches_known_values_and_aggregates_carry_intervals():
     assert agg["pc_success_ci95_low"] < 50.0 < agg["pc_success_ci95_high"]
     half = 1.96 * np.std([0.2, 0.96, 1.0, 0.5], ddof=1) / 2
     assert agg["avg_max_reward_ci95_high"] - agg["avg_max_reward"] == pytest.approx(half)
+
+
+def test_episode_figures_come_from_the_steps_kept_since_the_oldest_running_episode_began():
+    from lerobot.rollout import _Episodes
+
+    episodes = _Episodes(n_episodes=3, start_seed=0, num_envs=2)
+    episodes.start(np.arange(2))  # episodes 0 and 1
+    rng = np.random.default_rng(0)
+    rewards = rng.random((7, 2)).astype(np.float32)  # float32 rewards are summed in float64
+    for t in range(3):
+        episodes.log_step(rewards[t], np.array([False, t == 1]))
+    episodes.finish(np.array([1]))  # episode 1 ends after 3 steps; slot 0 still runs episode 0
+    assert len(episodes.rewards) == 3  # episode 0 began at step 0: nothing dropped yet
+    episodes.start(np.array([1]))  # episode 2 in slot 1, from step 3
+    for t in range(3, 7):
+        episodes.log_step(rewards[t], np.array([False, False]))
+    episodes.finish(np.array([0]))  # episode 0 ends after 7 steps
+    assert (episodes.first_kept, len(episodes.rewards)) == (3, 4)  # only episode 2's steps are left
+    episodes.finish(np.array([1]))
+    assert (episodes.first_kept, len(episodes.rewards)) == (7, 0) and episodes.done
+
+    def plain_sum(values):
+        total = 0.0
+        for value in values:
+            total += float(value)
+        return total
+
+    rows = {row["episode_ix"]: row for row in episodes.per_episode()}
+    assert [rows[i]["n_steps"] for i in range(3)] == [7, 3, 4]
+    assert [rows[i]["success"] for i in range(3)] == [False, True, False]
+    assert rows[0]["sum_reward"] == plain_sum(rewards[:, 0])  # bit for bit: added step by step
+    assert rows[1]["sum_reward"] == plain_sum(rewards[:3, 1])
+    assert rows[2]["sum_reward"] == plain_sum(rewards[3:, 1])
+    assert rows[2]["max_reward"] == float(rewards[3:, 1].max())

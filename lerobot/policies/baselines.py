@@ -118,8 +118,10 @@ class RandomPolicy(Policy):
         generators = self.noise_generators()
         if generators is None:
             actions = self.rng.random((batch_size, *shape), dtype=np.float32)
-        else:  # each env's episode stream (evaluation)
-            actions = torch.stack([torch.rand(shape, generator=g) for g in generators]).numpy()
+        else:  # each env's episode stream (evaluation), row by row: what torch.rand(shape, generator=g) draws
+            actions = np.empty((batch_size, *shape), dtype=np.float32)
+            for row, generator in zip(torch.from_numpy(actions), generators, strict=True):
+                row.uniform_(generator=generator)
         actions *= self.span_np
         actions += self.low_np
         chunk = torch.from_numpy(actions)

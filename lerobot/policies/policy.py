@@ -7,6 +7,7 @@ chunks into one action per env step lives here, once.
 from __future__ import annotations
 
 import abc
+import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -19,7 +20,7 @@ from torch import Tensor, nn
 
 from lerobot.checkpoints import hub, load_policy
 from lerobot.constants import OBS_PREFIX
-from lerobot.errors import PretrainedError
+from lerobot.errors import NonFiniteActionError, PretrainedError
 
 if TYPE_CHECKING:
     from lerobot.config import EnvConfig
@@ -208,7 +209,9 @@ class Policy(nn.Module, abc.ABC):
         Actions go to envs, which live on the host: a chunk is copied from the policy's device once, when
         it is queued, and each step's action is read from that copy. `batch` may be None at a step that
         predicts no chunk (`steps_until_chunk() > 0`) of a policy that keeps no history (`n_obs_steps ==
-        1`): nothing would read it, so a caller can skip converting it.
+        1`): nothing would read it, so a caller can skip converting it. A chunk with a NaN or infinite
+        action raises `NonFiniteActionError` (its `slot`, `steps_ahead` and `action` say where) when it is
+        predicted, before any of its actions is returned.
         """
         return torch.from_numpy(self.select_action_numpy(batch))
 
@@ -228,7 +231,7 @@ class Policy(nn.Module, abc.ABC):
             self._observe(state, batch)
             state = self._acting
         if state.step >= state.refill_step:
-            self._queue_chunks(state, np.flatnonzero(state.chunk_step + self.n_action_steps <= state.step))
+            self._queue_chunks(state, np.nonzero(state.chunk_step + self.n_action_steps <= state.step)[0])
         if state.aligned_step is not None:  # every env reads the same queue column: a view, no gather
             action = state.queue[:, state.step - state.aligned_step]
         else:
@@ -272,6 +275,7 @@ class Policy(nn.Module, abc.ABC):
             )
         # A host copy (np.array copies) that the policy cannot change later, e.g. by reusing its tensors.
         chunk = np.array(chunk.to("cpu", torch.float32).numpy(force=True)[:, : self.n_action_steps])
+        _refuse_non_finite(chunk, ids)  # once per chunk: the steps that pop its actions check nothing
         # A new queue rather than an in-place write: actions returned earlier may be views of the old one.
         if ids.size == state.batch_size:
             state.queue = chunk
@@ -279,7 +283,7 @@ class Policy(nn.Module, abc.ABC):
             state.queue = state.queue.copy()
             state.queue[ids] = chunk
         state.chunk_step[ids] = state.step
-        oldest = int(state.chunk_step.min())
+        oldest = state.step if ids.size == state.batch_size else int(state.chunk_step.min())
         state.refill_step = oldest + self.n_action_steps
         state.aligned_step = oldest if oldest == state.step else None
 
@@ -340,6 +344,7 @@ class Policy(nn.Module, abc.ABC):
         updated = updated + overlap * weights[count][..., None]
         updated = updated / cumulative[count][..., None]
         merged = np.concatenate([np.where((count == 0)[..., None], overlap, updated), chunk[:, -1:]], axis=1)
+        _refuse_non_finite(merged[:, :1], ids)
         # New arrays every step (no in-place write), so actions returned earlier never change.
         state.ensemble = merged[:, 1:]
         counts = np.concatenate([count + 1, np.ones((batch_size, 1), np.int64)], axis=1)  # (B, T)
@@ -376,6 +381,23 @@ class Policy(nn.Module, abc.ABC):
                 value = value[torch.arange(ids.size, device=value.device)[:, None], source.to(value.device)]
             history[key] = value
         return history
+
+
+def _refuse_non_finite(actions: np.ndarray, slots: np.ndarray) -> None:
+    """Raise `NonFiniteActionError` for the first non-finite action of `actions` (b, T, A), the next T
+    actions of the env slots `slots` (b,)."""
+    # One reduction instead of an elementwise test: any NaN or infinity makes the sum non-finite. Summed in
+    # float64, finite float32 actions cannot overflow it; the exact test is only reached on a non-finite sum.
+    if math.isfinite(actions.sum(dtype=np.float64)) or np.isfinite(actions).all():
+        return
+    row, ahead = (int(i) for i in np.argwhere(~np.isfinite(actions).all(axis=-1))[0])
+    action = actions[row, ahead].tolist()
+    raise NonFiniteActionError(
+        f"the policy returned a non-finite action {action} for env slot {slots[row]}",
+        int(slots[row]),
+        ahead,
+        action,
+    )
 
 
 # Mixed into every episode stream's seed, so that a stream never equals the env's own reset stream (which the
