@@ -149,12 +149,12 @@ def test_offline_policy_cannot_train_online(tmp_path, capsys):
 def test_non_finite_action_stops_collection_with_one_line(tmp_path, monkeypatch, capsys):
     from lerobot.policies.tdmpc.modeling import TDMPCPolicy
 
-    real = TDMPCPolicy.select_action_numpy
+    real = TDMPCPolicy.predict_action_chunk
 
     def nan_actions(self, batch):
         return real(self, batch) * float("nan")
 
-    monkeypatch.setattr(TDMPCPolicy, "select_action_numpy", nan_actions)
+    monkeypatch.setattr(TDMPCPolicy, "predict_action_chunk", nan_actions)
     assert train_main([*TINY, "training.steps=40", f"output_dir={tmp_path / 'run'}"]) == 2
     err = capsys.readouterr().err
     assert "non-finite action" in err and "after 10 transitions" in err and "Traceback" not in err
