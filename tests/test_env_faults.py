@@ -278,16 +278,20 @@ def test_env_workers_do_not_import_torch():
 
 
 class NaNAtStep(ChaseKeypointPolicy):
-    """ChaseKeypointPolicy whose chunk for env slot `slot` is NaN from its `call`-th prediction on."""
+    """ChaseKeypointPolicy whose chunk for env slot `slot` is NaN from its `call`-th prediction on; with
+    `only_second_x`, only that chunk's second action has a NaN (its x), and only in the `call`-th."""
 
-    def __init__(self, slot: int, call: int):
+    def __init__(self, slot: int, call: int, only_second_x: bool = False):
         super().__init__()
-        self.slot, self.call, self.calls = slot, call, 0
+        self.slot, self.call, self.calls, self.only_second_x = slot, call, 0, only_second_x
 
     def predict_action_chunk(self, batch):
         chunk = super().predict_action_chunk(batch)
         self.calls += 1
-        if self.calls >= self.call and chunk.shape[0] > self.slot:
+        if self.only_second_x:
+            if self.calls == self.call:
+                chunk[self.slot, 1, 0] = float("nan")
+        elif self.calls >= self.call and chunk.shape[0] > self.slot:
             chunk[self.slot] = float("nan")
         return chunk
 
@@ -304,21 +308,6 @@ def test_nan_action_is_refused_naming_slot_and_step():
         env.close()
 
 
-class NaNLaterInChunk(ChaseKeypointPolicy):
-    """ChaseKeypointPolicy whose `call`-th chunk has a NaN as the second action of env slot `slot`."""
-
-    def __init__(self, slot: int, call: int):
-        super().__init__()
-        self.slot, self.call, self.calls = slot, call, 0
-
-    def predict_action_chunk(self, batch):
-        chunk = super().predict_action_chunk(batch)
-        self.calls += 1
-        if self.calls == self.call:
-            chunk[self.slot, 1, 0] = float("nan")
-        return chunk
-
-
 def test_a_chunk_with_a_later_nan_is_refused_when_predicted_and_none_of_it_is_sent():
     env = make_env(_pusht_env_cfg("pusht_keypoints", 300), 2)
     try:
@@ -330,7 +319,7 @@ def test_a_chunk_with_a_later_nan_is_refused_when_predicted_and_none_of_it_is_se
             match=r"\[nan, [-0-9.e]+\] for env slot 0, episode 0 \(seed 100\) at its step 5 "
             r"\(in the chunk predicted then, 1 step ahead\); it was not sent",
         ) as refused:
-            eval_policy(env, NaNLaterInChunk(slot=0, call=3), 2, start_seed=100, progress=False)
+            eval_policy(env, NaNAtStep(slot=0, call=3, only_second_x=True), 2, start_seed=100, progress=False)
         assert (refused.value.slot, refused.value.steps_ahead) == (0, 1)
         # Four finite actions were sent, none of the refused chunk: the agent is where they put it.
         after_four = make_env(_pusht_env_cfg("pusht_keypoints", 4), 2)
@@ -345,7 +334,7 @@ def test_a_chunk_with_a_later_nan_is_refused_when_predicted_and_none_of_it_is_se
 
 
 def test_select_action_refuses_a_non_finite_chunk_naming_where_it_is():
-    policy = NaNLaterInChunk(slot=1, call=1)
+    policy = NaNAtStep(slot=1, call=1, only_second_x=True)
     batch = {"observation.environment_state": torch.zeros(3, 16)}
     with pytest.raises(NonFiniteActionError, match=r"non-finite action \[nan, 25.0\] for env slot 1") as e:
         policy.select_action(batch)
