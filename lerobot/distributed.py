@@ -109,6 +109,30 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+def native_bf16(device: torch.device) -> bool:
+    """Whether `device` runs bf16 matmuls and convolutions on kernels of their own: any GPU, and a CPU whose
+    oneDNN has bf16 kernels (AVX-512 or AMX). A CPU with AVX2 alone emulates them, 4x (a Linear) to 25x (a
+    Conv2d) slower than float32 (docs/benchmarks.md), so there bf16 autocast and `inference.dtype=bfloat16`
+    are slow paths."""
+    if device.type != "cpu":
+        return True
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def warn_if_bf16_is_slow(device: torch.device, setting: str, fix: str) -> bool:
+    """Log one warning when `setting` asks for bf16 on a `device` without native bf16 (`native_bf16`),
+    naming `fix`; return whether it warned."""
+    if native_bf16(device):
+        return False
+    log.warning(
+        "%s on a CPU without native bf16 kernels (it has neither AVX-512 nor AMX): bf16 runs several times "
+        "slower than float32 here; set %s",
+        setting,
+        fix,
+    )
+    return True
+
+
 def describe_device(device: torch.device) -> str:
     """`device` as the start-up line shows it, e.g. `cuda:0 (NVIDIA H200)` or `cpu (2 threads)`."""
     if device.type == "cuda":

@@ -27,10 +27,12 @@ from test_tdmpc import make_policy as make_tdmpc
 from test_tdmpc import observations as tdmpc_observations
 from test_tdmpc import training_batch as tdmpc_training_batch
 from test_train import TINY as TINY_OFFLINE
+from test_train import tiny_tdmpc
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import lerobot.training.offline as offline
 import lerobot.training.online as online
+from lerobot import distributed
 from lerobot.accel import accelerated
 from lerobot.cli import compose_config, train_main
 from lerobot.config import InferenceConfig, env_config
@@ -334,3 +336,47 @@ def test_a_slow_cpu_run_warns_at_start_and_still_runs(tmp_path, data_args, monke
         assert train_main([*args, "device=cpu", f"output_dir={tmp_path}"]) == 0
     warnings = [r.getMessage() for r in caplog.records if CPU_RECIPE in r.getMessage()]
     assert len(warnings) == 1 and "s per step, 1 steps left" in warnings[0]
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_bf16_settings_warn_on_a_cpu_without_native_bf16(monkeypatch, caplog, native):
+    """bf16 on a CPU with AVX2 alone is emulated, several times slower than float32: training.use_amp and
+    inference.dtype=bfloat16 say so once, naming the setting that turns it off; elsewhere they say nothing."""
+    monkeypatch.setattr(distributed, "native_bf16", lambda device: native)
+    policy = tiny_tdmpc()
+    with caplog.at_level(logging.WARNING, logger="lerobot.distributed"):
+        TrainStep(
+            policy,
+            policy.config,
+            OmegaConf.create({"grad_clip_norm": 10.0, "use_amp": True, "compile": False}),
+            1,
+        )
+        TrainStep(
+            policy,
+            policy.config,
+            OmegaConf.create({"grad_clip_norm": 10.0, "use_amp": False, "compile": False}),
+            1,
+        )
+        config = keypoint_config()
+        diffusion = DiffusionPolicy(config, stats_for(config)).eval()
+        with accelerated(diffusion, InferenceConfig(dtype="bfloat16")):
+            pass
+        with accelerated(diffusion, InferenceConfig()):
+            pass
+    warnings = [r.getMessage() for r in caplog.records if "native bf16" in r.getMessage()]
+    if native:
+        assert warnings == []
+    else:
+        assert len(warnings) == 2
+        assert warnings[0].startswith("training.use_amp=true") and warnings[0].endswith(
+            "training.use_amp=false"
+        )
+        assert warnings[1].startswith("inference.dtype=bfloat16") and warnings[1].endswith(
+            "inference.dtype=float32"
+        )
+
+
+def test_native_bf16_on_this_machine_matches_onednn():
+    """A GPU always has native bf16; the CPU answer is oneDNN's own."""
+    assert distributed.native_bf16(torch.device("cuda"))
+    assert distributed.native_bf16(torch.device("cpu")) == torch.ops.mkldnn._is_mkldnn_bf16_supported()

@@ -20,6 +20,7 @@ import importlib
 
 from omegaconf import DictConfig, OmegaConf
 
+from lerobot import distributed
 from lerobot.config import InferenceConfig
 from lerobot.policies.policy import Policy
 from lerobot.policy_registry import check_inference_settings, inference_layer
@@ -46,5 +47,8 @@ def accelerated(
     path = inference_layer(name)
     if path is None:
         return contextlib.nullcontext()
+    if settings.dtype == "bfloat16":  # a policy with a layer has weights
+        device = next(policy.parameters()).device
+        distributed.warn_if_bf16_is_slow(device, "inference.dtype=bfloat16", "inference.dtype=float32")
     module, attribute = path.split(":")
     return getattr(importlib.import_module(module), attribute)(policy, settings)

@@ -181,7 +181,10 @@ class TrainStep:
             )
         self.grad_clip_norm = training_cfg.grad_clip_norm
         self.use_amp = training_cfg.use_amp
-        self.device_type = next(policy.parameters()).device.type
+        device = next(policy.parameters()).device
+        self.device_type = device.type
+        if self.use_amp:
+            distributed.warn_if_bf16_is_slow(device, "training.use_amp=true", "training.use_amp=false")
         self.metrics = StepMetrics()
 
     def __call__(self, batch: dict[str, Tensor], where: str) -> dict[str, Tensor]:
