@@ -1,7 +1,7 @@
 """How far a trained fp32 policy's episodes depend on the evaluation's layout, and what paired noise buys.
 
     python benchmarks/bench_layouts.py --checkpoint RUN [--other RUN2] [--episodes 100] \
-        [--batch-sizes 1 8 50] [--async-batch 8] [--extra NAME=EVAL_DIR ...]
+        [--batch-sizes 1 8 50] [--async-batch 8] [--extra NAME=EVAL_DIR ...] [--results layouts]
 
 Part 1: `RUN` is evaluated over the same episodes (same `eval.start_seed`) with every batch size, sync, and
 once async; per layout, against the first layout: the share of episodes with the same success and steps,
@@ -11,7 +11,7 @@ the aggregated figures with their 95% intervals. `--reuse` summarizes the evalua
 Part 2 (with `--other`): `RUN2 - RUN` paired on initial states and on noise (both evaluations draw each
 episode's noise from its own stream, as evaluation does) against paired on initial states only (RUN2
 evaluated again with the streams salted, so that its noise is independent of RUN's, as it was before
-per-episode streams): the widths of the paired 95% intervals. Writes `benchmarks/results/layouts.json`.
+per-episode streams): the widths of the paired 95% intervals. Writes `benchmarks/results/<--results>.json`.
 """
 
 from __future__ import annotations
@@ -72,6 +72,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--extra", nargs="*", default=[], help="NAME=EVAL_DIR evaluations to compare too")
     parser.add_argument("--out", type=Path, help="where the evaluations go (default: a temporary directory)")
     parser.add_argument("--reuse", action="store_true", help="summarize the evaluations already in --out")
+    parser.add_argument("--results", default="layouts", help="results/<name>.json to write")
     args = parser.parse_args(argv)
     if args.reuse and args.out is None:
         parser.error("--reuse needs --out")
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
             }
         print(json.dumps(paired, indent=1))
         extra["paired_noise"] = paired
-    print(save_results("layouts", rows, extra))
+    print(save_results(args.results, rows, extra))
 
 
 if __name__ == "__main__":
