@@ -113,8 +113,11 @@ class TrainingConfig:
     # optimizer, data order, RNG) when it holds one, else start fresh; true: it must hold one; false: it
     # must not (docs/training_runs.md). A resumed run must have the same config, bar RESUMABLE_CHANGES.
     resume: str = "auto"
-    # bf16 autocast for the forward/backward pass (CUDA, or a CPU with AMX); the one mixed-precision switch.
-    use_amp: bool = False
+    # auto | true | false: bf16 autocast for the forward/backward pass, the one mixed-precision switch. It pays
+    # on CUDA and on a CPU with native bf16 kernels (AMX, AVX-512); a CPU with AVX2 alone emulates bf16, many
+    # times slower than float32 (docs/benchmarks.md). auto: bf16 where the device has native bf16, else float32
+    # (`lerobot.distributed.resolve_amp`); true on such a CPU warns at start-up.
+    use_amp: str = "false"
     # torch.compile the training forward pass (the loss; backward follows it). The first updates compile (up
     # to minutes); it pays where launching many small operators sets the pace, as on a GPU with the
     # paper-size model (docs/gpu.md). Same math: a checkpoint resumes with it on or off.
@@ -396,7 +399,7 @@ def validate_config(cfg: DictConfig | dict) -> DictConfig:
         raise ConfigError(
             f"eval.schedule={merged.eval.schedule!r}: expected one of {', '.join(EVAL_SCHEDULES)}"
         )
-    for key in ("eval.use_async_envs", "training.resume"):
+    for key in ("eval.use_async_envs", "training.resume", "training.use_amp"):
         value = str(OmegaConf.select(merged, key)).lower()
         if value not in ("auto", "true", "false"):
             raise ConfigError(f"{key}={value!r}: expected auto, true or false")

@@ -119,6 +119,23 @@ def native_bf16(device: torch.device) -> bool:
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
+def resolve_amp(setting: bool | str, device: torch.device) -> bool:
+    """`training.use_amp` (true, false or auto) as a decision for `device`: auto is bf16 autocast where the
+    device has native bf16 (`native_bf16`) and float32 elsewhere; true on a device without it warns."""
+    setting = str(setting).lower()
+    if setting == "auto":
+        use = native_bf16(device)
+        log.info(
+            "training.use_amp=auto: %s",
+            "bf16 autocast" if use else "float32 (this CPU has no native bf16 kernels)",
+        )
+        return use
+    if setting == "true":
+        warn_if_bf16_is_slow(device, "training.use_amp=true", "training.use_amp=auto (or false)")
+        return True
+    return False
+
+
 def warn_if_bf16_is_slow(device: torch.device, setting: str, fix: str) -> bool:
     """Log one warning when `setting` asks for bf16 on a `device` without native bf16 (`native_bf16`),
     naming `fix`; return whether it warned."""

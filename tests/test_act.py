@@ -214,7 +214,7 @@ def test_cpu_recipe_composes():
     cfg = compose_config(["+experiment=act_pusht_keypoints_cpu"])
     assert cfg.env.name == "pusht_keypoints" and cfg.policy.name == "act"
     assert (cfg.policy.chunk_size, cfg.policy.n_action_steps, cfg.policy.dim_model) == (20, 20, 128)
-    assert cfg.training.batch_size == 64 and cfg.training.steps == 60000 and cfg.training.use_amp
+    assert cfg.training.batch_size == 64 and cfg.training.steps == 60000 and cfg.training.use_amp == "auto"
     assert (cfg.policy.optimizer_lr, cfg.policy.scheduler_name, cfg.policy.use_ema) == (3e-4, "cosine", True)
     config = make_policy_config(cfg.policy, env_config(cfg))
     policy = ACTPolicy(config)
@@ -225,7 +225,7 @@ def test_cpu_recipe_composes():
 
 def test_image_cpu_recipe_composes_and_resizes_to_four_image_tokens():
     cfg = compose_config(["+experiment=act_pusht_image_cpu"])
-    assert cfg.env.name == "pusht" and cfg.policy.name == "act" and cfg.training.use_amp
+    assert cfg.env.name == "pusht" and cfg.policy.name == "act" and cfg.training.use_amp == "auto"
     assert (cfg.policy.chunk_size, cfg.policy.dim_model, list(cfg.policy.resize_shape)) == (20, 128, [48, 48])
     # The trunk learns from scratch, so at the transformer's rate.
     assert cfg.policy.optimizer_lr_backbone == cfg.policy.optimizer_lr == 3e-4

@@ -339,41 +339,47 @@ def test_a_slow_cpu_run_warns_at_start_and_still_runs(tmp_path, data_args, monke
 
 
 @pytest.mark.parametrize("native", [True, False])
-def test_bf16_settings_warn_on_a_cpu_without_native_bf16(monkeypatch, caplog, native):
-    """bf16 on a CPU with AVX2 alone is emulated, several times slower than float32: training.use_amp and
-    inference.dtype=bfloat16 say so once, naming the setting that turns it off; elsewhere they say nothing."""
+def test_bf16_settings_follow_what_the_cpu_has(monkeypatch, caplog, native):
+    """bf16 on a CPU with AVX2 alone is emulated, many times slower than float32: `training.use_amp=auto`
+    trains in bf16 only where the device has native bf16; `true` and `inference.dtype=bfloat16` keep bf16
+    but say once that it is slow there, naming the setting to change; `false` is float32 everywhere."""
     monkeypatch.setattr(distributed, "native_bf16", lambda device: native)
     policy = tiny_tdmpc()
-    with caplog.at_level(logging.WARNING, logger="lerobot.distributed"):
-        TrainStep(
-            policy,
-            policy.config,
-            OmegaConf.create({"grad_clip_norm": 10.0, "use_amp": True, "compile": False}),
-            1,
-        )
-        TrainStep(
-            policy,
-            policy.config,
-            OmegaConf.create({"grad_clip_norm": 10.0, "use_amp": False, "compile": False}),
-            1,
-        )
+
+    def amp(setting) -> bool:
+        training = {"grad_clip_norm": 10.0, "use_amp": setting, "compile": False}
+        return TrainStep(policy, policy.config, OmegaConf.create(training), 1).use_amp
+
+    with caplog.at_level(logging.INFO, logger="lerobot.distributed"):
+        assert [amp(s) for s in (True, "true", "auto", "false", False)] == [True, True, native, False, False]
         config = keypoint_config()
         diffusion = DiffusionPolicy(config, stats_for(config)).eval()
         with accelerated(diffusion, InferenceConfig(dtype="bfloat16")):
             pass
         with accelerated(diffusion, InferenceConfig()):
             pass
-    warnings = [r.getMessage() for r in caplog.records if "native bf16" in r.getMessage()]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     if native:
         assert warnings == []
     else:
-        assert len(warnings) == 2
-        assert warnings[0].startswith("training.use_amp=true") and warnings[0].endswith(
-            "training.use_amp=false"
-        )
-        assert warnings[1].startswith("inference.dtype=bfloat16") and warnings[1].endswith(
+        assert len(warnings) == 3
+        for message in warnings[:2]:
+            assert message.startswith("training.use_amp=true") and "training.use_amp=auto" in message
+        assert warnings[2].startswith("inference.dtype=bfloat16") and warnings[2].endswith(
             "inference.dtype=float32"
         )
+    auto = [r.getMessage() for r in caplog.records if r.getMessage().startswith("training.use_amp=auto")]
+    assert auto == [
+        "training.use_amp=auto: "
+        + ("bf16 autocast" if native else "float32 (this CPU has no native bf16 kernels)")
+    ]
+
+
+def test_use_amp_takes_auto_true_or_false():
+    assert compose_config(["env=pusht_keypoints", "training.use_amp=auto"]).training.use_amp == "auto"
+    assert compose_config(["env=pusht_keypoints", "training.use_amp=true"]).training.use_amp == "true"
+    with pytest.raises(ConfigError, match="training.use_amp='fast': expected auto, true or false"):
+        compose_config(["env=pusht_keypoints", "training.use_amp=fast"])
 
 
 def test_native_bf16_on_this_machine_matches_onednn():

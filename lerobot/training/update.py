@@ -144,11 +144,12 @@ class TrainStep:
     """One gradient update of `policy`; owns the optimizer, the LR scheduler, the EMA weights and the
     update's metrics (`metrics`, a `StepMetrics`).
 
-    The loss is computed under bf16 autocast when `training.use_amp` is set, by the compiled forward pass when
-    `training.compile` is (`torch.compile`; the policy's own modules are untouched); gradients are clipped to
-    `training.grad_clip_norm`; the EMA of the weights (when the policy config sets `use_ema`) steps after the
-    optimizer. Nothing here waits for the device: a non-finite loss is found when `metrics` is read (at log
-    time and before a checkpoint), which names the first update that had one.
+    The loss is computed under bf16 autocast when `training.use_amp` asks for it (true, or auto on a device
+    with native bf16), by the compiled forward pass when `training.compile` is (`torch.compile`; the
+    policy's own modules are untouched); gradients are clipped to `training.grad_clip_norm`; the EMA of the
+    weights (when the policy config sets `use_ema`) steps after the optimizer. Nothing here waits for the
+    device: a non-finite loss is found when `metrics` is read (at log time and before a checkpoint), which
+    names the first update that had one.
 
     The per-sample random draws of the update (`Policy.draw_training_noise`) are made here and handed to
     the policy in the batch. On N processes (`distributed`) the batch is this process's shard of the global
@@ -180,11 +181,9 @@ class TrainStep:
                 power=policy_cfg.ema_power,
             )
         self.grad_clip_norm = training_cfg.grad_clip_norm
-        self.use_amp = training_cfg.use_amp
         device = next(policy.parameters()).device
         self.device_type = device.type
-        if self.use_amp:
-            distributed.warn_if_bf16_is_slow(device, "training.use_amp=true", "training.use_amp=false")
+        self.use_amp = distributed.resolve_amp(training_cfg.use_amp, device)
         self.metrics = StepMetrics()
 
     def __call__(self, batch: dict[str, Tensor], where: str) -> dict[str, Tensor]:
