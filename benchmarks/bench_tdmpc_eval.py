@@ -2,7 +2,7 @@
 
     python benchmarks/bench_tdmpc_eval.py [--baseline REF] [--repeats 5] [--threads 1 2]
                                           [--batch-sizes 50 8 1] [--eval-episodes 50] [--eval-envs 50]
-                                          [--sweep]
+                                          [--sweep] [--results tdmpc_eval]
 
 The policy is the CPU recipe (configs/experiment/tdmpc_pusht_keypoints_cpu.yaml: 128 samples, 16 elites,
 8 policy trajectories, 3 iterations, horizon 5, 256-wide MLPs) on pusht_keypoints, with random weights
@@ -28,7 +28,7 @@ Rows:
   computation.
 - `sweep` (with --sweep): the working tree's planner time against `ROWS_PER_BLOCK` on one thread, batch 50.
 
-Writes benchmarks/results/tdmpc_eval.json (with `lscpu`'s CPU model and the torch version).
+Writes benchmarks/results/<--results>.json (with `lscpu`'s CPU model and the torch version).
 """
 
 from __future__ import annotations
@@ -351,6 +351,7 @@ def main() -> None:
     parser.add_argument("--eval-episodes", type=int, default=50, help="0 skips the eval rows")
     parser.add_argument("--eval-envs", type=int, default=50)
     parser.add_argument("--sweep", action="store_true", help="also time ROWS_PER_BLOCK choices")
+    parser.add_argument("--results", default="tdmpc_eval", help="results/<name>.json to write")
     parser.add_argument("--worker", choices=["plan", "eval"], help=argparse.SUPPRESS)
     parser.add_argument("--worker-args", default="{}", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -392,7 +393,7 @@ def main() -> None:
     policy, _ = build_policy()
     cfg = policy.config
     path = common.save_results(
-        "tdmpc_eval",
+        args.results,
         rows,
         {
             "baseline": {"ref": args.baseline, "commit": baseline_commit},
