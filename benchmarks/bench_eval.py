@@ -6,7 +6,7 @@ Rows: (a) the random policy on the keypoints and pixels envs, n_envs 1/4/8/16, s
 the ceiling measured on the same env, alternating with the evaluation runs (`paired_row`); (b) with
 `--checkpoint`, a Diffusion Policy checkpoint with DDPM 100 steps and DDIM 10 steps; (c) slot utilization
 and wall time of the fixed-batch, refill and aligned-refill schedules on the same checkpoint. Writes
-benchmarks/results/eval.json.
+benchmarks/results/<--results>.json (default eval.json).
 """
 
 from __future__ import annotations
@@ -159,6 +159,7 @@ def main() -> None:
         "--dp-episode-steps", type=int, default=64, help="episode length for the Diffusion Policy rows"
     )
     parser.add_argument("--skip-random", action="store_true")
+    parser.add_argument("--results", default="eval", help="results/<name>.json to write")
     args = parser.parse_args()
     rows = [] if args.skip_random else random_rows(args.n_envs, args.repeats)
     utilization = []
@@ -167,12 +168,12 @@ def main() -> None:
         utilization = utilization_rows(args.checkpoint, n_envs=10, n_episodes=50)
     print()
     print_table(rows, COLUMNS)
-    previous = RESULTS_DIR / "eval.json"
+    previous = RESULTS_DIR / f"{args.results}.json"
     if not utilization and previous.exists():
         utilization = json.loads(previous.read_text()).get("utilization", [])
     # A run of some env counts (`--n-envs 1`) replaces those rows and keeps the others.
-    rows = keep_previous_rows("eval", rows, key=("policy", "env", "n_envs", "mode"))
-    print(f"wrote {save_results('eval', rows, {'utilization': utilization})}")
+    rows = keep_previous_rows(args.results, rows, key=("policy", "env", "n_envs", "mode"))
+    print(f"wrote {save_results(args.results, rows, {'utilization': utilization})}")
 
 
 if __name__ == "__main__":
