@@ -136,18 +136,17 @@ def resolve_amp(setting: bool | str, device: torch.device) -> bool:
     return False
 
 
-def warn_if_bf16_is_slow(device: torch.device, setting: str, fix: str) -> bool:
+def warn_if_bf16_is_slow(device: torch.device, setting: str, fix: str) -> None:
     """Log one warning when `setting` asks for bf16 on a `device` without native bf16 (`native_bf16`),
-    naming `fix`; return whether it warned."""
+    naming `fix`."""
     if native_bf16(device):
-        return False
+        return
     log.warning(
         "%s on a CPU without native bf16 kernels (it has neither AVX-512 nor AMX): bf16 runs several times "
         "slower than float32 here; set %s",
         setting,
         fix,
     )
-    return True
 
 
 def describe_device(device: torch.device) -> str:
