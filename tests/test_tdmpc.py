@@ -328,22 +328,27 @@ def training_batch(batch_size: int = 8, horizon: int = 3, seed: int = 0) -> dict
     }
 
 
-@pytest.mark.parametrize("absorbing", [False, True])
-def test_losses_match_closed_form_at_init(absorbing):
+@pytest.mark.parametrize("absorbing,exponent", [(False, 1.0), (True, 1.0), (True, 4.0)])
+def test_losses_match_closed_form_at_init(absorbing, exponent):
     """Fresh model: reward head and Q outputs are 0, Q set to a constant c, so the losses have closed forms.
 
-    A terminated step bootstraps from nothing, or with `absorbing_terminal` from r / (1 - discount).
+    A terminated step bootstraps from nothing, or with `absorbing_terminal` from r / (1 - discount); the
+    model and value learn from r ** reward_exponent.
     """
     torch.manual_seed(0)
-    policy = TDMPCPolicy(tiny_config(discount=0.9, rho=0.5, absorbing_terminal=absorbing))
+    policy = TDMPCPolicy(
+        tiny_config(discount=0.9, rho=0.5, absorbing_terminal=absorbing, reward_exponent=exponent)
+    )
     c = 2.0
     with torch.no_grad():
         for model in (policy.model, policy.model_target):
             model.q_ensemble.biases[-1].fill_(c)  # last weights are zero: Q == c everywhere
     batch = training_batch()
+    if exponent != 1.0:  # an exponent needs rewards in [0, 1], as PushT's
+        batch[NEXT_REWARD] = batch[NEXT_REWARD].sigmoid()
     batch[NEXT_TERMINATED][:4, -1] = True  # terminations stop bootstrapping
     out = policy(batch)
-    r, term = batch[NEXT_REWARD], batch[NEXT_TERMINATED].float()
+    r, term = batch[NEXT_REWARD] ** exponent, batch[NEXT_TERMINATED].float()
     w = 0.5 ** torch.arange(3.0)
     v_end = r / (1 - 0.9) if absorbing else torch.zeros_like(r)
     td = r + 0.9 * ((1 - term) * c + term * v_end)
@@ -356,6 +361,15 @@ def test_losses_match_closed_form_at_init(absorbing):
     scale = max(float(policy.q_scale), 1.0)
     w_pi = 0.5 ** torch.arange(4.0)
     torch.testing.assert_close(out["policy_loss"], -(w_pi * c / scale).sum() / 4)
+
+
+def test_reward_exponent_needs_rewards_in_the_unit_interval():
+    with pytest.raises(ConfigError, match="reward_exponent"):
+        tiny_config(reward_exponent=0.0).validate()
+    policy = TDMPCPolicy(tiny_config(reward_exponent=4.0))
+    batch = training_batch()  # rewards drawn from a standard normal: some negative
+    with pytest.raises(ValueError, match=r"needs rewards in \[0, 1\].*reward_exponent=1"):
+        policy(batch)
 
 
 def test_forward_backward_and_gradient_isolation():

@@ -136,12 +136,24 @@ class TDMPCPolicy(OnlinePolicy):
         return torch.stack(actions, dim=1)
 
     # ----------------------------------------------------------------- learning
+    def _learning_reward(self, reward: Tensor) -> Tensor:
+        """The reward the model and value learn from: the env's (B, H) reward raised to `reward_exponent`."""
+        exponent = self.config.reward_exponent
+        if exponent == 1.0:
+            return reward
+        if bool((reward < 0).any() | (reward > 1).any()):
+            raise ValueError(
+                f"policy.reward_exponent={exponent} needs rewards in [0, 1], got a batch spanning "
+                f"[{reward.min().item():.3g}, {reward.max().item():.3g}]; use policy.reward_exponent=1 on this env"
+            )
+        return reward**exponent
+
     def forward(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
         """TD-MPC losses on replayed sub-trajectories (see the module docstring for the batch layout).
 
         Each term is a sum over time steps t of rho**t times the per-step loss, divided by the horizon:
         - consistency: ||d(z_t, a_t) - h_target(o_{t+1})||^2 (latent rollout from z_0 = h(o_0))
-        - reward: (R(z_t, a_t) - r_t)^2
+        - reward: (R(z_t, a_t) - r_t)^2, where r_t is the env's reward raised to `reward_exponent`
         - value: sum over the ensemble of (Q_k(z_t, a_t) - (r_t + discount * (1 - term_t) * V'(o_{t+1})))^2,
           V'(o) = min over `n_q_min` random target Qs of Q'(h(o), pi(h(o))); with `absorbing_terminal` a
           terminated step bootstraps from r_t / (1 - discount) instead of nothing
@@ -151,7 +163,7 @@ class TDMPCPolicy(OnlinePolicy):
         """
         cfg = self.config
         action = self.normalizer.normalize(self.action_key, batch[ACTION])  # (B, H, A)
-        reward = batch[NEXT_REWARD].float()  # (B, H)
+        reward = self._learning_reward(batch[NEXT_REWARD].float())  # (B, H)
         terminated = batch.get(NEXT_TERMINATED, torch.zeros_like(reward)).float()
         horizon = action.shape[1]
         obs = self.encode_observation({k: batch[k] for k in self.obs_keys})  # (B, H+1, D)
