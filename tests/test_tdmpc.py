@@ -284,6 +284,32 @@ def test_blocked_values_are_bit_identical(one_thread, monkeypatch):
     torch.testing.assert_close(whole, expected, rtol=1e-5, atol=1e-6)
 
 
+def test_plan_pessimism_lowers_a_value_by_the_ensembles_spread():
+    """With `plan_pessimism=k` a candidate's value is the plain one less k * discount**H times the std of the
+    members' terminal Q; a plan differs once the penalty reorders the candidates."""
+    k = 2.0
+    plain, pessimistic = make_policy(), make_policy(plan_pessimism=k)
+    model, horizon = plain.model, plain.config.planning_horizon
+    g = torch.Generator().manual_seed(5)
+    z = model.encode(torch.rand(40, plain.obs_dim, generator=g) * 2 - 1)
+    actions = torch.rand(40, horizon, plain.action_dim, generator=g) * 2 - 1
+    with torch.no_grad():
+        zs = z
+        for t in range(horizon):
+            zs = model.next(zs, actions[:, t])
+        spread = model.q(zs, model.pi(zs)).std(dim=0)
+        assert bool((spread > 1e-3).all())
+        expected = (
+            plain.planner.estimate_value(model, z, actions) - k * plain.config.discount**horizon * spread
+        )
+        got = pessimistic.planner.estimate_value(pessimistic.model, z, actions)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    plain.set_noise_seed(0)
+    pessimistic.set_noise_seed(0)
+    obs = observations(8)
+    assert not torch.allclose(plain.select_action(obs), pessimistic.select_action(obs))
+
+
 def test_elu_is_torch_elu_in_value_and_gradient():
     """The exp-based ELU equals F.elu to float rounding (positives exactly), in place and with autograd."""
     special = [0.0, -0.0, -1e-8, -1e-4, -30.0, 1e-30, 90.0, float("inf"), float("-inf")]
@@ -485,3 +511,5 @@ def test_config_validation():
         tiny_config(bc_coeff=-1.0).validate()
     with pytest.raises(ConfigError, match="plan_action='best'"):
         tiny_config(plan_action="best").validate()
+    with pytest.raises(ConfigError, match="plan_pessimism"):
+        tiny_config(plan_pessimism=-0.5).validate()

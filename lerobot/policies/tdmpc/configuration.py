@@ -96,6 +96,11 @@ class TDMPCConfig(PolicyConfig):
     # "mean" (beyond TD-MPC as published): the final MPPI mean, the sequence the next call warm-starts from;
     # it carries no sampling noise of its own, for tasks that end on a precise placement.
     plan_action: str = "elite"
+    # Beyond TD-MPC as published: the planner scores a candidate's final state by the Q ensemble's mean minus
+    # `plan_pessimism` times the members' standard deviation (0: the mean alone, as TD-MPC). A harder search
+    # finds the sequences whose value the model over-estimates; where the members disagree the value is less
+    # trusted. Acting only: the losses do not change, so it can be set at evaluation on any checkpoint.
+    plan_pessimism: float = 0.0
     # Seed of the per-env planner noise; the env in batch slot b uses `planner_seed + b` until
     # `TDMPCPolicy.set_noise_seed` says otherwise.
     planner_seed: int = 0
@@ -138,6 +143,8 @@ class TDMPCConfig(PolicyConfig):
             raise ConfigError(
                 f"policy.min_std={self.min_std} and max_std={self.max_std}: need 0 < min <= max"
             )
+        if self.plan_pessimism < 0:
+            raise ConfigError(f"policy.plan_pessimism={self.plan_pessimism} must be >= 0")
         if self.plan_action not in PLAN_ACTIONS:
             raise ConfigError(f"policy.plan_action={self.plan_action!r}: choose one of {PLAN_ACTIONS}")
         for key, feat in {**self.input_features, **self.output_features}.items():

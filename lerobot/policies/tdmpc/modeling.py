@@ -81,6 +81,7 @@ class TDMPCPolicy(OnlinePolicy):
                 max_std=config.max_std,
                 discount=config.discount,
                 plan_action=config.plan_action,
+                pessimism=config.plan_pessimism,
             ),
             action_dim=self.action_dim,
             seed=config.planner_seed,

@@ -70,6 +70,7 @@ class PlannerSettings:
     max_std: float
     discount: float
     plan_action: str
+    pessimism: float = 0.0
 
 
 class MPPIPlanner:
@@ -241,10 +242,11 @@ class MPPIPlanner:
         return plan
 
     def estimate_value(self, model: WorldModel, z: Tensor, actions: Tensor) -> Tensor:
-        """Discounted predicted rewards over the horizon plus the discounted terminal Q (ensemble mean).
+        """Discounted predicted rewards over the horizon plus the discounted terminal Q: the ensemble mean,
+        less `pessimism` times the members' standard deviation when that is set.
 
-        z: (R, L) start latents, actions: (R, H, A) -> (R,), one row per candidate sequence. The ensemble
-        mean (not a random subset) keeps the planner deterministic given its noise. Rows are independent;
+        z: (R, L) start latents, actions: (R, H, A) -> (R,), one row per candidate sequence. The whole
+        ensemble (not a random subset) keeps the planner deterministic given its noise. Rows are independent;
         they are evaluated in blocks (see `block_bounds`) to keep the activations in cache.
         """
         n_rows = actions.shape[0]
@@ -273,7 +275,11 @@ class MPPIPlanner:
             za[:, :latent_dim] = z
             discount *= self.s.discount
         za[:, latent_dim:] = mlp_inference(model.pi_head, z)
-        return value + discount * model.q_ensemble.forward_inference(za).mean(dim=0)
+        q = model.q_ensemble.forward_inference(za)  # (n_q, r)
+        if self.s.pessimism > 0:
+            std, mean = torch.std_mean(q, dim=0)
+            return value + discount * (mean - self.s.pessimism * std)
+        return value + discount * q.mean(dim=0)
 
 
 def block_bounds(n_rows: int, rows_per_block: int) -> list[tuple[int, int]]:
