@@ -12,7 +12,8 @@ temporal discount rho 0.5). Deviations, and why:
   the consistency loss cannot blow up. `latent_dim` must therefore be a multiple of `simnorm_dim`.
 - `absorbing_terminal` (off by default) values a terminated episode's final state as absorbing, for tasks
   such as PushT whose termination is success (the option's comment says why); `reward_exponent` (1 by
-  default) sharpens rewards in [0, 1] so that the last stretch to the goal is worth more.
+  default) sharpens rewards in [0, 1] so that the last stretch to the goal is worth more; `plan_pessimism`
+  (0 by default) makes the planner distrust final states where the Q ensemble disagrees.
 - The policy objective is divided by a running estimate of the Q scale so that tasks with large returns
   (Pendulum: rewards down to -16 per step) do not let the policy gradient dominate the shared gradient clip.
 
