@@ -70,7 +70,7 @@ class PlannerSettings:
     max_std: float
     discount: float
     plan_action: str
-    pessimism: float = 0.0
+    pessimism: float
 
 
 class MPPIPlanner:
@@ -276,10 +276,10 @@ class MPPIPlanner:
             discount *= self.s.discount
         za[:, latent_dim:] = mlp_inference(model.pi_head, z)
         q = model.q_ensemble.forward_inference(za)  # (n_q, r)
+        terminal = q.mean(dim=0)
         if self.s.pessimism > 0:
-            std, mean = torch.std_mean(q, dim=0)
-            return value + discount * (mean - self.s.pessimism * std)
-        return value + discount * q.mean(dim=0)
+            terminal = terminal - self.s.pessimism * q.std(dim=0)
+        return value + discount * terminal
 
 
 def block_bounds(n_rows: int, rows_per_block: int) -> list[tuple[int, int]]:
