@@ -113,6 +113,11 @@ class TrainingConfig:
     # optimizer, data order, RNG) when it holds one, else start fresh; true: it must hold one; false: it
     # must not (docs/training_runs.md). A resumed run must have the same config, bar RESUMABLE_CHANGES.
     resume: str = "auto"
+    # A run directory (its last checkpoint) or one checkpoint directory that a new run starts from: its
+    # weights, optimizer moments, counters and replay buffer, under this launch's config, which may change
+    # how training goes on (steps, UTD, learning rate, losses) but not the model's shape. Only when
+    # `output_dir` holds no checkpoint yet; a relaunch resumes the branch itself (docs/training_runs.md).
+    init_from: str | None = None
     # auto | true | false: bf16 autocast for the forward/backward pass, the one mixed-precision switch. It pays
     # on CUDA and on a CPU with native bf16 kernels (AMX, AVX-512); a CPU with AVX2 alone emulates bf16, many
     # times slower than float32 (docs/benchmarks.md). auto: bf16 where the device has native bf16, else float32

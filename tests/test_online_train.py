@@ -184,3 +184,33 @@ def test_both_trainers_share_one_training_state_and_old_online_checkpoints_resum
         )
     new, old = (load_file(latest_checkpoint(r) / "model.safetensors") for r in runs.values())
     assert new.keys() == old.keys() and all(torch.equal(new[k], old[k]) for k in new)
+
+
+def test_a_branch_starts_from_another_runs_checkpoint_under_a_changed_config(tmp_path, capsys):
+    base = tmp_path / "base"
+    assert train_main([*TINY, "training.steps=20", "training.save_buffer=true", f"output_dir={base}"]) == 0
+    assert load_training_state(latest_checkpoint(base))["updates"] == 10
+
+    # Twice the updates per transition and a third of the learning rate, from the base run's checkpoint.
+    branch = tmp_path / "branch"
+    argv = [*TINY, "training.utd_ratio=2", "policy.optimizer_lr=1e-4", "training.save_buffer=true"]
+    argv += ["eval.freq=0", f"training.init_from={base}", f"output_dir={branch}"]
+    assert train_main([*argv, "training.steps=40"]) == 0
+    state = load_training_state(latest_checkpoint(branch))
+    assert state["transitions"] == 40 and state["updates"] == 10 + 2 * 20
+    assert len(state["replay_buffer"]["data"]["valid"]) == 20  # the base's 10 vector steps and 10 new ones
+    assert all(math.isclose(g["lr"], 1e-4) for g in state["optimizer"]["param_groups"])
+    assert [r["step"] for r in records(branch, "train")] == [30, 40]
+    assert latest_checkpoint(base).name == "000000020"  # the base run is left as it was
+
+    # A relaunch resumes the branch itself.
+    assert train_main([*argv, "training.steps=60"]) == 0
+    assert load_training_state(latest_checkpoint(branch))["updates"] == 10 + 2 * 40
+
+    # A branch may not change the model's shape, and needs a checkpoint to start from.
+    wider = [*TINY, "policy.mlp_dim=64", f"training.init_from={base}", f"output_dir={tmp_path / 'wide'}"]
+    assert train_main([*wider, "training.steps=40"]) == 2
+    assert "do not fit this policy's config" in capsys.readouterr().err
+    empty = [*TINY, f"training.init_from={tmp_path / 'nothing'}", f"output_dir={tmp_path / 'b2'}"]
+    assert train_main([*empty, "training.steps=40"]) == 2
+    assert "is neither a run directory with a checkpoint" in capsys.readouterr().err

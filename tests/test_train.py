@@ -121,6 +121,28 @@ def test_resume_is_exact(tmp_path, data_args, monkeypatch):
         assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_a_branch_continues_a_run_exactly_and_rescales_a_changed_learning_rate(tmp_path, data_args):
+    common = [*TINY, "device=cpu", "env=pusht_keypoints", *data_args, "training.save_freq=3", "eval.freq=0"]
+    straight = tmp_path / "straight"
+    assert train_main([*common, "training.steps=6", f"output_dir={straight}"]) == 0
+    start = f"training.init_from={straight}/checkpoints/000000003"
+
+    # Unchanged settings: the branch's steps 4-6 are the straight run's.
+    same = tmp_path / "same"
+    assert train_main([*common, "training.steps=6", start, f"output_dir={same}"]) == 0
+    assert [r["step"] for r in metrics(same)] == [4, 5, 6]
+    assert [r["loss"] for r in metrics(same)] == [r["loss"] for r in metrics(straight)][3:]
+
+    # Half the learning rate: the schedule goes on where it was, at half the rate.
+    half = tmp_path / "half"
+    assert (
+        train_main([*common, "training.steps=6", "policy.optimizer_lr=5e-5", start, f"output_dir={half}"])
+        == 0
+    )
+    for a, b in zip(metrics(half), metrics(straight)[3:], strict=True):
+        assert a["lr"] == pytest.approx(b["lr"] / 2, rel=1e-6)
+
+
 def test_nan_loss_stops_with_step_and_keeps_last_checkpoint(tmp_path, data_args, monkeypatch, capsys):
     from lerobot.policies.diffusion.modeling import DiffusionPolicy
 

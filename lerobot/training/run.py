@@ -8,7 +8,8 @@ The resume decision (`training.resume`): `auto` resumes from `checkpoints/last` 
 and starts fresh otherwise, so relaunching the same command after a preemption continues the run; `true`
 requires a checkpoint; `false` refuses a directory that holds one. A resumed run must have the config it was
 started with, except for the keys of `RESUMABLE_CHANGES`, and the data it was trained on
-(`check_training_data`), unless `training.allow_other_data=true`.
+(`check_training_data`), unless `training.allow_other_data=true`. A new run may start from another run's
+checkpoint under a changed config (`training.init_from`, `branch_checkpoint`): a branch.
 
 ## The progress
 
@@ -58,6 +59,8 @@ from tqdm.auto import tqdm
 
 from lerobot import distributed
 from lerobot.checkpoints.run import (
+    CHECKPOINTS_DIR,
+    TRAINING_STATE_FILE,
     checkpoint_dir,
     latest_checkpoint,
     list_checkpoints,
@@ -130,7 +133,7 @@ def resume_checkpoint(cfg: DictConfig, run_dir: Path) -> Path | None:
     if last is None:
         if mode == "true":
             raise RunDirError(f"training.resume=true but {run_dir} holds no checkpoint (checkpoints/last)")
-        return None
+        return branch_checkpoint(cfg)
     changed = config_changes(load_config(last), cfg)
     if changed:
         shown = ", ".join(f"{k} ({a!r} -> {b!r})" for k, a, b in changed[:5])
@@ -140,6 +143,29 @@ def resume_checkpoint(cfg: DictConfig, run_dir: Path) -> Path | None:
             "to resume it, or pick another output_dir for a new run"
         )
     return last
+
+
+def branch_checkpoint(cfg: DictConfig) -> Path | None:
+    """The checkpoint a new run starts from (`training.init_from`: a run directory, for its last checkpoint,
+    or one checkpoint directory); None when it is not set.
+
+    The new run's config may differ from the checkpoint's in anything but the model's shape (the weights
+    must load, `TrainStep.load_state_dict`); the differences are logged. Raises `RunDirError` when the path
+    holds no checkpoint.
+    """
+    if cfg.training.init_from is None:
+        return None
+    source = Path(cfg.training.init_from)
+    ckpt = latest_checkpoint(source) if (source / CHECKPOINTS_DIR).is_dir() else source
+    if ckpt is None or not (ckpt / TRAINING_STATE_FILE).is_file():
+        raise RunDirError(
+            f"training.init_from={source} is neither a run directory with a checkpoint nor a checkpoint "
+            f"directory (one holding {TRAINING_STATE_FILE}); point it at the run or checkpoint to start from"
+        )
+    changed = [c for c in config_changes(load_config(ckpt), cfg) if c[0] != "training.init_from"]
+    shown = ", ".join(f"{k} ({a!r} -> {b!r})" for k, a, b in changed) or "none"
+    log.info("branching from %s; config changes: %s", ckpt, shown)
+    return ckpt
 
 
 # The fields of a data fingerprint (`lerobot.datasets.dataset_fingerprint`) that tell one dataset from
@@ -237,9 +263,13 @@ def setup_run(cfg: DictConfig) -> tuple[Path, Path | None]:
     except BaseException:
         release_run_dir(run_dir)
         raise
-    log.info(
-        "run directory: %s (%s)", run_dir, f"resuming from {resume_from.name}" if resume_from else "new run"
-    )
+    if resume_from is None:
+        start = "new run"
+    elif resume_from.parent.parent == run_dir:
+        start = f"resuming from {resume_from.name}"
+    else:
+        start = f"a new run from {resume_from}"
+    log.info("run directory: %s (%s)", run_dir, start)
     return run_dir, resume_from
 
 

@@ -22,7 +22,7 @@ from torch import Tensor
 from lerobot import distributed
 from lerobot.config import PolicyConfig
 from lerobot.constants import LOSS_COUNT
-from lerobot.errors import TrainingDivergedError
+from lerobot.errors import CheckpointError, TrainingDivergedError
 from lerobot.policies.policy import Policy
 
 log = logging.getLogger(__name__)
@@ -243,6 +243,8 @@ class TrainStep:
     def load_state_dict(self, state: dict[str, Any], weights: dict[str, Tensor] | None = None) -> None:
         """Restore what `state_dict` returned into the policy and this update.
 
+        The learning rates stay this update's own: a state saved with another `optimizer_lr` (a branch,
+        `training.init_from`) has its current rate and the rest of its schedule scaled to it, group by group.
         Checkpoints of the online trainer written before both trainers shared this layout keep no `model`
         (their weights are `weights`, the checkpoint's `model.safetensors`) and name the scheduler
         `lr_scheduler`.
@@ -252,9 +254,20 @@ class TrainStep:
             if weights is None:
                 raise ValueError("this training state holds no weights: pass the checkpoint's weights")
             model = weights
-        self.policy.load_state_dict(model)
+        try:
+            self.policy.load_state_dict(model)
+        except RuntimeError as e:
+            raise CheckpointError(
+                f"the checkpoint's weights do not fit this policy's config ({str(e).splitlines()[-1].strip()}); "
+                "a run started from another run's checkpoint may change how it trains, not the model's shape"
+            ) from None
+        wanted = [group["initial_lr"] for group in self.optimizer.param_groups]
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"] if "scheduler" in state else state["lr_scheduler"])
+        for i, (group, lr) in enumerate(zip(self.optimizer.param_groups, wanted, strict=True)):
+            if group["initial_lr"] != lr:
+                group["lr"] *= lr / group["initial_lr"]
+                group["initial_lr"] = self.scheduler.base_lrs[i] = lr
         if self.ema is not None:
             self.ema.load_state_dict(state["ema"])
 
