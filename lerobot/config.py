@@ -241,6 +241,31 @@ ONLINE = "online"  # learns from its own experience (replay buffer)
 NO_TRAINING = "none"  # baselines
 
 
+# diffusers' step-wise constant schedule, the one that takes `scheduler_step_rules`.
+PIECEWISE_SCHEDULE = "piecewise_constant"
+
+
+def _check_step_rules(rules: str) -> None:
+    """Raise `ConfigError` unless `rules` reads "m1:u1,...,m": positive factors, increasing positive updates."""
+    *pieces, last = rules.split(",")
+    try:
+        factors = [float(p.split(":")[0]) for p in pieces] + [float(last)]
+        updates = [int(p.split(":")[1]) for p in pieces if p.count(":") == 1]
+    except (ValueError, IndexError):
+        updates, factors = [], []
+    if (
+        len(updates) != len(pieces)
+        or not all(f > 0 for f in factors)
+        or not factors
+        or any(u <= 0 for u in updates)
+        or updates != sorted(set(updates))
+    ):
+        raise ConfigError(
+            f"policy.scheduler_step_rules={rules!r}: expected 'factor:update,...,factor' with positive factors "
+            "and increasing positive updates, e.g. '1:42500,0.1' (the full rate for 42,500 updates, then a tenth)"
+        )
+
+
 @dataclass
 class PolicyConfig:
     """Shared policy settings: history/queue lengths, features, optimiser and EMA defaults."""
@@ -264,6 +289,9 @@ class PolicyConfig:
     optimizer_weight_decay: float = 0.0
     scheduler_name: str = "constant"  # any name diffusers.optimization.get_scheduler accepts
     scheduler_warmup_steps: int = 0
+    # With scheduler_name=piecewise_constant: "m1:u1,m2:u2,...,m" scales the rate by m1 before update u1,
+    # by m2 from u1 to u2, ..., and by m from the last u on. Updates, not env transitions, for an online policy.
+    scheduler_step_rules: str | None = None
     use_ema: bool = False
     ema_power: float = 0.75
     ema_max_decay: float = 0.9999
@@ -294,6 +322,19 @@ class PolicyConfig:
             raise ConfigError(f"policy.batch_size={self.batch_size} must be >= 1")
         if not self.optimizer_lr > 0:
             raise ConfigError(f"policy.optimizer_lr={self.optimizer_lr} must be a positive number")
+        if self.scheduler_step_rules is not None:
+            _check_step_rules(self.scheduler_step_rules)
+        if (self.scheduler_name == PIECEWISE_SCHEDULE) != (self.scheduler_step_rules is not None):
+            raise ConfigError(
+                f"policy.scheduler_step_rules={self.scheduler_step_rules!r} and "
+                f"policy.scheduler_name={self.scheduler_name!r}: step rules go with "
+                f"scheduler_name={PIECEWISE_SCHEDULE} and it needs them; set both or neither"
+            )
+        if self.scheduler_step_rules is not None and self.scheduler_warmup_steps:
+            raise ConfigError(
+                f"policy.scheduler_warmup_steps={self.scheduler_warmup_steps}: the {PIECEWISE_SCHEDULE} "
+                "schedule has no warm-up; set it to 0, or start the step rules with a small factor"
+            )
 
     # ------------------------------------------------------------------ features by kind
     @property

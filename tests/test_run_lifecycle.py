@@ -253,6 +253,9 @@ def test_resume_modes(tmp_path, data_args, capsys):
         ("training.steps=0", "training.steps=0 must be a positive number"),
         ("training.num_workers=-1", "training.num_workers=-1 must be 0 or a positive number"),
         ("training.resume=maybe", "training.resume='maybe': expected auto, true or false"),
+        ("policy.scheduler_step_rules='1:10,0.1'", "step rules go with scheduler_name=piecewise_constant"),
+        ("policy.scheduler_name=piecewise_constant", "step rules go with scheduler_name=piecewise_constant"),
+        ("policy.scheduler_step_rules='1:10,0.1:5,0.01'", "expected 'factor:update,...,factor'"),
     ],
 )
 def test_bad_training_values_stop_at_start(override, message, tmp_path, capsys):

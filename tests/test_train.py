@@ -143,6 +143,15 @@ def test_a_branch_continues_a_run_exactly_and_rescales_a_changed_learning_rate(t
         assert a["lr"] == pytest.approx(b["lr"] / 2, rel=1e-6)
 
 
+def test_a_piecewise_constant_schedule_drops_the_rate_at_its_update(tmp_path, data_args):
+    run = tmp_path / "run"
+    argv = [*TINY, "device=cpu", "env=pusht_keypoints", *data_args, "training.steps=5", "eval.freq=0"]
+    argv += ["policy.scheduler_name=piecewise_constant", "policy.scheduler_step_rules='1:3,0.1'"]
+    assert train_main([*argv, "policy.scheduler_warmup_steps=0", f"output_dir={run}"]) == 0
+    # Updates 1-3 at the full rate; each step logs the rate of the update that comes next.
+    assert [r["lr"] for r in metrics(run)] == pytest.approx([1e-4, 1e-4, 1e-5, 1e-5, 1e-5])
+
+
 def test_nan_loss_stops_with_step_and_keeps_last_checkpoint(tmp_path, data_args, monkeypatch, capsys):
     from lerobot.policies.diffusion.modeling import DiffusionPolicy
 

@@ -55,6 +55,7 @@ def build_optimizer(
     scheduler = get_scheduler(
         policy_cfg.scheduler_name,
         optimizer=optimizer,
+        step_rules=policy_cfg.scheduler_step_rules,
         num_warmup_steps=policy_cfg.scheduler_warmup_steps,
         num_training_steps=max(total_steps, 1),
     )
