@@ -249,17 +249,12 @@ def _check_step_rules(rules: str) -> None:
     """Raise `ConfigError` unless `rules` reads "m1:u1,...,m": positive factors, increasing positive updates."""
     *pieces, last = rules.split(",")
     try:
-        factors = [float(p.split(":")[0]) for p in pieces] + [float(last)]
-        updates = [int(p.split(":")[1]) for p in pieces if p.count(":") == 1]
-    except (ValueError, IndexError):
-        updates, factors = [], []
-    if (
-        len(updates) != len(pieces)
-        or not all(f > 0 for f in factors)
-        or not factors
-        or any(u <= 0 for u in updates)
-        or updates != sorted(set(updates))
-    ):
+        pairs = [piece.split(":") for piece in pieces]
+        factors = [float(f) for f, _ in pairs] + [float(last)]
+        updates = [int(u) for _, u in pairs]
+    except ValueError:  # a number that does not parse, or a piece that is not one factor:update pair
+        factors, updates = [0.0], []
+    if min(factors) <= 0 or any(u <= 0 for u in updates) or updates != sorted(set(updates)):
         raise ConfigError(
             f"policy.scheduler_step_rules={rules!r}: expected 'factor:update,...,factor' with positive factors "
             "and increasing positive updates, e.g. '1:42500,0.1' (the full rate for 42,500 updates, then a tenth)"

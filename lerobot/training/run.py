@@ -59,7 +59,6 @@ from tqdm.auto import tqdm
 
 from lerobot import distributed
 from lerobot.checkpoints.run import (
-    CHECKPOINTS_DIR,
     TRAINING_STATE_FILE,
     checkpoint_dir,
     latest_checkpoint,
@@ -67,9 +66,16 @@ from lerobot.checkpoints.run import (
     load_config,
     read_data_fingerprint,
     remove_stale_temporaries,
+    resolve_checkpoint_dir,
     set_last,
 )
-from lerobot.errors import ConfigError, NonFiniteWeightsError, RunDirError, TrainingDivergedError
+from lerobot.errors import (
+    CheckpointError,
+    ConfigError,
+    NonFiniteWeightsError,
+    RunDirError,
+    TrainingDivergedError,
+)
 from lerobot.evaluation import evaluate
 from lerobot.policies.policy import Policy
 from lerobot.runtime.files import append_line, atomic_write, lock_run_dir, release_run_dir, write_text
@@ -136,7 +142,7 @@ def resume_checkpoint(cfg: DictConfig, run_dir: Path) -> Path | None:
         return branch_checkpoint(cfg)
     changed = config_changes(load_config(last), cfg)
     if changed:
-        shown = ", ".join(f"{k} ({a!r} -> {b!r})" for k, a, b in changed[:5])
+        shown = describe_changes(changed[:5])
         more = f" and {len(changed) - 5} more" if len(changed) > 5 else ""
         raise RunDirError(
             f"{run_dir} holds a run with another config: {shown}{more}; relaunch with the run's settings "
@@ -155,17 +161,25 @@ def branch_checkpoint(cfg: DictConfig) -> Path | None:
     """
     if cfg.training.init_from is None:
         return None
-    source = Path(cfg.training.init_from)
-    ckpt = latest_checkpoint(source) if (source / CHECKPOINTS_DIR).is_dir() else source
-    if ckpt is None or not (ckpt / TRAINING_STATE_FILE).is_file():
+    source = cfg.training.init_from
+    try:
+        ckpt = resolve_checkpoint_dir(source)
+        reason = None if (ckpt / TRAINING_STATE_FILE).is_file() else f"{ckpt} holds no {TRAINING_STATE_FILE}"
+    except CheckpointError as e:
+        reason = str(e)
+    if reason is not None:
         raise RunDirError(
             f"training.init_from={source} is neither a run directory with a checkpoint nor a checkpoint "
-            f"directory (one holding {TRAINING_STATE_FILE}); point it at the run or checkpoint to start from"
+            f"directory ({reason}); point it at the run or training checkpoint to start from"
         )
     changed = [c for c in config_changes(load_config(ckpt), cfg) if c[0] != "training.init_from"]
-    shown = ", ".join(f"{k} ({a!r} -> {b!r})" for k, a, b in changed) or "none"
-    log.info("branching from %s; config changes: %s", ckpt, shown)
+    log.info("branching from %s; config changes: %s", ckpt, describe_changes(changed) or "none")
     return ckpt
+
+
+def describe_changes(changed: list[tuple[str, Any, Any]]) -> str:
+    """`config_changes` output as one line: `key (saved -> current), ...`."""
+    return ", ".join(f"{k} ({a!r} -> {b!r})" for k, a, b in changed)
 
 
 # The fields of a data fingerprint (`lerobot.datasets.dataset_fingerprint`) that tell one dataset from
