@@ -154,6 +154,8 @@ def test_delta_timestamps_and_modality_defaults():
         (dict(kernel_size=4), "kernel_size=4 must be odd"),
         (dict(pretrained_backbone_weights="IMAGENET1K_V1"), "use_group_norm=false"),
         (dict(normalization_mapping={"visual": "zscore"}), "normalization_mapping.visual='zscore'"),
+        (dict(vision_backbone_stages=5), "vision_backbone_stages=5 must be 1, 2, 3 or 4"),
+        (dict(vision_backbone_stages=0), "vision_backbone_stages=0"),
     ],
 )
 def test_config_errors(overrides, message):
@@ -242,6 +244,33 @@ def test_crops_and_group_norm_encoder():
     encoder.eval()
     torch.testing.assert_close(encoder(x), encoder(x))  # center crop: deterministic
     assert encoder(x).shape == (3, encoder.feature_dim)
+
+
+def test_fewer_backbone_stages_keep_the_first_stages_and_a_finer_feature_map():
+    """`vision_backbone_stages=3` is the 4-stage encoder without its last stage: the same weights for the
+    stages it keeps (same names), a feature map twice as fine for the spatial softmax, ResNet-18's 8.4M
+    last-stage weights gone, and a policy that trains end to end."""
+    torch.manual_seed(0)
+    full = RgbEncoder(image_config())
+    three = RgbEncoder(image_config(vision_backbone_stages=3))
+    # 28x28 crops: 4 stages leave 1x1 (stride 32), 3 stages 2x2 (stride 16), with 256 channels.
+    assert full.pool.grid.shape == (1, 2) and three.pool.grid.shape == (4, 2)
+    assert three.pool.keypoint_proj.in_channels == 256
+    full_backbone, three_backbone = full.backbone.state_dict(), three.backbone.state_dict()
+    assert set(three_backbone) == {name for name in full_backbone if not name.startswith("7.")}
+    dropped = sum(p.numel() for n, p in full.backbone.named_parameters() if n.startswith("7."))
+    assert 8.3e6 < dropped < 8.5e6
+    three.backbone.load_state_dict({n: full_backbone[n] for n in three_backbone})
+    x = torch.rand(2, 3, 28, 28)
+    torch.testing.assert_close(three.backbone(x), full.backbone[:7](x))
+
+    config = image_config(vision_backbone_stages=3)
+    config.validate()
+    policy = DiffusionPolicy(config, stats_for(config))
+    policy(train_batch(config, 2))["loss"].backward()
+    assert policy.rgb_encoder.backbone[6][0].conv1.weight.grad is not None
+    policy.eval()
+    assert policy.predict_action_chunk(obs_batch(config, 2)).shape == (2, config.horizon - 1, 2)
 
 
 def test_resize_before_crop_is_an_encoder_on_smaller_images():

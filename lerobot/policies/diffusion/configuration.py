@@ -46,6 +46,10 @@ class DiffusionConfig(PolicyConfig):
 
     # Vision encoder (used when a `visual` input feature exists; all cameras share it).
     vision_backbone: str = "resnet18"  # any torchvision ResNet constructor name
+    # Residual stages of the ResNet kept (1-4; the paper keeps all 4). Each stage halves the feature map: on
+    # small crops fewer stages leave the spatial softmax a finer map (44x44 crops: 2x2 after 4 stages, 3x3
+    # after 3) and drop the widest stage's weights (8.4M of ResNet-18's 11.2M).
+    vision_backbone_stages: int = 4
     # torchvision weights name, e.g. "ResNet18_Weights.IMAGENET1K_V1"; None trains from scratch (no download).
     pretrained_backbone_weights: str | None = None
     # Replace BatchNorm by GroupNorm (the paper's choice when training from scratch).
@@ -207,6 +211,11 @@ class DiffusionConfig(PolicyConfig):
             raise ConfigError(
                 "policy.use_group_norm=true would discard the pretrained BatchNorm statistics of "
                 f"{self.pretrained_backbone_weights!r}; set use_group_norm=false with pretrained weights"
+            )
+        if not 1 <= self.vision_backbone_stages <= 4:
+            raise ConfigError(
+                f"policy.vision_backbone_stages={self.vision_backbone_stages} must be 1, 2, 3 or 4 (a ResNet "
+                "has four residual stages)"
             )
         if self.spatial_softmax_num_keypoints < 1:
             raise ConfigError(

@@ -216,8 +216,10 @@ class RgbEncoder(nn.Module):
         )
         if channels != 3:
             resnet.conv1 = nn.Conv2d(channels, 64, kernel_size=7, stride=2, padding=3, bias=False)
-        # Everything up to the last residual stage: drop global average pooling and the classifier.
-        self.backbone = nn.Sequential(*list(resnet.children())[:-2])
+        # The stem (conv, norm, ReLU, max pool) and the first `vision_backbone_stages` residual stages; global
+        # average pooling and the classifier go in any case.
+        stem_and_stages = list(resnet.children())[: 4 + config.vision_backbone_stages]
+        self.backbone = nn.Sequential(*stem_and_stages)
         if config.use_group_norm:
             replace_batch_norm(self.backbone)
 
