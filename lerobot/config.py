@@ -245,20 +245,16 @@ NO_TRAINING = "none"  # baselines
 PIECEWISE_SCHEDULE = "piecewise_constant"
 
 
-def _check_step_rules(rules: str) -> None:
-    """Raise `ConfigError` unless `rules` reads "m1:u1,...,m": positive factors, increasing positive updates."""
+def _step_rules_are_valid(rules: str) -> bool:
+    """Whether `rules` reads "m1:u1,...,m": positive factors, increasing positive updates."""
     *pieces, last = rules.split(",")
     try:
         pairs = [piece.split(":") for piece in pieces]
         factors = [float(f) for f, _ in pairs] + [float(last)]
         updates = [int(u) for _, u in pairs]
     except ValueError:  # a number that does not parse, or a piece that is not one factor:update pair
-        factors, updates = [0.0], []
-    if min(factors) <= 0 or any(u <= 0 for u in updates) or updates != sorted(set(updates)):
-        raise ConfigError(
-            f"policy.scheduler_step_rules={rules!r}: expected 'factor:update,...,factor' with positive factors "
-            "and increasing positive updates, e.g. '1:42500,0.1' (the full rate for 42,500 updates, then a tenth)"
-        )
+        return False
+    return min(factors) > 0 and all(u > 0 for u in updates) and updates == sorted(set(updates))
 
 
 @dataclass
@@ -317,8 +313,12 @@ class PolicyConfig:
             raise ConfigError(f"policy.batch_size={self.batch_size} must be >= 1")
         if not self.optimizer_lr > 0:
             raise ConfigError(f"policy.optimizer_lr={self.optimizer_lr} must be a positive number")
-        if self.scheduler_step_rules is not None:
-            _check_step_rules(self.scheduler_step_rules)
+        if self.scheduler_step_rules is not None and not _step_rules_are_valid(self.scheduler_step_rules):
+            raise ConfigError(
+                f"policy.scheduler_step_rules={self.scheduler_step_rules!r}: expected 'factor:update,...,factor' "
+                "with positive factors and increasing positive updates, e.g. '1:42500,0.1' (the full rate for "
+                "42,500 updates, then a tenth)"
+            )
         if (self.scheduler_name == PIECEWISE_SCHEDULE) != (self.scheduler_step_rules is not None):
             raise ConfigError(
                 f"policy.scheduler_step_rules={self.scheduler_step_rules!r} and "
