@@ -1,7 +1,10 @@
-"""Training step speed: ms per step, samples/s, data time vs compute time, achieved GFLOP/s; fp32 vs bf16 autocast.
+"""Training step speed: ms per step, samples/s, data time vs compute time, achieved GFLOP/s; fp32 vs bf16
+autocast, eager vs compiled.
 
     cd benchmarks && python bench_train.py [--steps 4] [--rows dp_image dp_image_cpu ...]
-                                           [--threads 2] [--data-root DIR]
+                                           [--variants fp32 "bf16 autocast" "fp32 compiled" "bf16 compiled"]
+                                           [--overrides KEY=VALUE ...] [--threads 2] [--data-root DIR]
+                                           [--results train]
 
 Rows (each step exactly as the trainers do it):
 - `dp_image`: Diffusion Policy, `policy=diffusion env=pusht` (paper size, ~263M parameters), batch 64.
@@ -16,10 +19,13 @@ Rows (each step exactly as the trainers do it):
 Diffusion Policy: data = `next()` on the real loader (`make_dataset` + `cycle_batches`, num_workers 0, as
 the CPU experiment trains); compute = the trainers' `TrainStep` (forward under bf16 autocast or not,
 backward, grad clipping, AdamW, LR schedule, EMA). TD-MPC: data = `ReplayBuffer.sample`, compute =
-`TrainStep` + `update_target()` (the target network's EMA). fp32 and bf16 autocast steps alternate on the
-same model (one warm-up step each, excluded), so load drift hits both alike; medians over `--steps`.
+`TrainStep` + `update_target()` (the target network's EMA). The variants' steps (default fp32 and bf16
+autocast; "compiled" runs the forward pass through `torch.compile`, as `training.compile=true` does) alternate
+on the same model (one warm-up step each, excluded; a compiled variant's compiles), so load drift hits all
+alike; medians over `--steps`, and each variant's speed-up against the first one listed. `--overrides` change
+every row's config (e.g. `policy.vision_backbone_stages=3`).
 FLOPs: `torch.utils.flop_counter.FlopCounterMode` over one forward + backward (matmuls and convolutions;
-the optimizer's elementwise work is not counted). Writes results/train.json.
+the optimizer's elementwise work is not counted). Writes results/<--results>.json (default train).
 """
 
 from __future__ import annotations
@@ -54,7 +60,13 @@ ROWS = {
     "dp_image_cpu": ["+experiment=diffusion_pusht_image_cpu"],
     "tdmpc": ["policy=tdmpc", "env=pusht_keypoints"],
 }
-DTYPES = ("fp32", "bf16 autocast")
+# Each variant: (bf16 autocast, torch.compile of the forward pass as `training.compile` does it).
+VARIANTS = {
+    "fp32": (False, False),
+    "bf16 autocast": (True, False),
+    "fp32 compiled": (False, True),
+    "bf16 compiled": (True, True),
+}
 
 
 def default_data_root() -> str | None:
@@ -63,10 +75,20 @@ def default_data_root() -> str | None:
     return str(shared) if shared.is_dir() else None
 
 
-def _update(update: TrainStep, batch: dict, dtype: str) -> None:
-    """The trainers' gradient update, under bf16 autocast for "bf16 autocast"."""
-    update.use_amp = dtype != "fp32"
-    update(batch, where="benchmark step")
+def _variant_updater(update: TrainStep, variants: list[str]):
+    """A function `(batch, variant)` that makes the trainers' gradient update of `variant`: the same model,
+    optimizer and EMA for every variant, under bf16 autocast or not, through the eager or the compiled
+    forward pass (compiled once, at its first step, only when a compiled variant is asked for)."""
+    models = {False: update.model}
+    if any(VARIANTS[v][1] for v in variants):
+        models[True] = torch.compile(update.model)
+
+    def run(batch: dict, variant: str) -> None:
+        update.use_amp, compiled = VARIANTS[variant]
+        update.model = models[compiled]
+        update(batch, where="benchmark step")
+
+    return run
 
 
 def _flops(policy, batch: dict) -> float:
@@ -93,22 +115,23 @@ def diffusion_training(overrides: list[str]) -> tuple[DictConfig, Policy, TrainS
     return cfg, policy, update, batches, batch_size
 
 
-def diffusion_row(name: str, overrides: list[str], steps: int) -> list[dict]:
+def diffusion_row(name: str, overrides: list[str], steps: int, variants: list[str]) -> list[dict]:
     _, policy, update, batches, batch_size = diffusion_training(overrides)
     n_params = sum(p.numel() for p in policy.parameters())
+    run = _variant_updater(update, variants)
 
-    def step(dtype: str) -> tuple[float, float]:
+    def step(variant: str) -> tuple[float, float]:
         t0 = time.perf_counter()
         batch = next(batches)
         t1 = time.perf_counter()
-        _update(update, batch, dtype)
+        run(batch, variant)
         return t1 - t0, time.perf_counter() - t1
 
     flops = _flops(policy, next(batches))
-    return _time_rows(name, n_params, batch_size, flops, step, steps)
+    return _time_rows(name, n_params, batch_size, flops, step, steps, variants)
 
 
-def tdmpc_row(name: str, overrides: list[str], steps: int) -> list[dict]:
+def tdmpc_row(name: str, overrides: list[str], steps: int, variants: list[str]) -> list[dict]:
     from lerobot.training.online import load_demonstrations
 
     cfg = compose_config(overrides)
@@ -120,25 +143,26 @@ def tdmpc_row(name: str, overrides: list[str], steps: int) -> list[dict]:
     update = TrainStep(policy, policy_cfg, cfg.training, total_updates=1000)
     buffer = load_demonstrations(cfg, env_cfg, list(policy.obs_keys))
     batch_size, horizon = policy_cfg.batch_size, policy.replay_horizon
+    run = _variant_updater(update, variants)
 
-    def step(dtype: str) -> tuple[float, float]:
+    def step(variant: str) -> tuple[float, float]:
         t0 = time.perf_counter()
         batch = buffer.sample(batch_size, horizon)
         t1 = time.perf_counter()
-        _update(update, batch, dtype)
+        run(batch, variant)
         policy.update_target()
         return t1 - t0, time.perf_counter() - t1
 
     flops = _flops(policy, buffer.sample(batch_size, horizon))
-    return _time_rows(name, n_params, batch_size, flops, step, steps)
+    return _time_rows(name, n_params, batch_size, flops, step, steps, variants)
 
 
-def _time_rows(name, n_params, batch_size, flops, step, steps) -> list[dict]:
-    data = {d: [] for d in DTYPES}
-    compute = {d: [] for d in DTYPES}
+def _time_rows(name, n_params, batch_size, flops, step, steps, variants) -> list[dict]:
+    data = {d: [] for d in variants}
+    compute = {d: [] for d in variants}
     errors = {}
     for i in range(steps + 1):
-        for dtype in DTYPES:
+        for dtype in variants:
             if dtype in errors:
                 continue
             try:
@@ -147,11 +171,11 @@ def _time_rows(name, n_params, batch_size, flops, step, steps) -> list[dict]:
                 errors[dtype] = str(e).splitlines()[0]
                 print(f"{name} {dtype}: failed, row skipped: {errors[dtype]}")
                 continue
-            if i:  # the first step of each dtype warms up (allocator, autocast, optimizer state)
+            if i:  # the first step of each variant warms up (allocator, autocast, optimizer state, compile)
                 data[dtype].append(d)
                 compute[dtype].append(c)
     rows = []
-    for dtype in DTYPES:
+    for dtype in variants:
         if dtype in errors:
             rows.append({"row": name, "batch": batch_size, "dtype": dtype, "error": errors[dtype]})
             continue
@@ -176,7 +200,7 @@ def _time_rows(name, n_params, batch_size, flops, step, steps) -> list[dict]:
         )
     for row in rows:
         if "compute_ms" in row and "compute_ms" in rows[0]:
-            row["speedup_vs_fp32"] = rows[0]["compute_ms"] / row["compute_ms"]
+            row["speedup_vs_first"] = rows[0]["compute_ms"] / row["compute_ms"]
     print_table(
         rows,
         [
@@ -197,9 +221,23 @@ def _time_rows(name, n_params, batch_size, flops, step, steps) -> list[dict]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
-    parser.add_argument("--steps", type=int, default=4, help="timed steps per dtype (after one warm-up)")
+    parser.add_argument("--steps", type=int, default=4, help="timed steps per variant (after one warm-up)")
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        default=["fp32", "bf16 autocast"],
+        choices=list(VARIANTS),
+        help="how each step runs; the variants alternate step by step on one model",
+    )
+    parser.add_argument(
+        "--overrides",
+        nargs="*",
+        default=[],
+        help="Hydra overrides added to every row (e.g. policy.down_dims=[...])",
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--data-root", default=default_data_root(), help="directory with the PushT zarr")
+    parser.add_argument("--results", default="train", help="results/<name>.json to write")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     extra = [f"dataset.root={args.data_root}"] if args.data_root else []
@@ -208,8 +246,8 @@ def main(argv: list[str] | None = None) -> None:
     for name in args.rows:
         print(f"\n{name}:")
         runner = tdmpc_row if name == "tdmpc" else diffusion_row
-        rows += runner(name, ROWS[name] + extra, args.steps)
-    path = save_results("train", keep_previous_rows("train", rows, key="row"), {"args": vars(args)})
+        rows += runner(name, ROWS[name] + extra + args.overrides, args.steps, args.variants)
+    path = save_results(args.results, keep_previous_rows(args.results, rows, key="row"), {"args": vars(args)})
     print("\nsummary:")
     print_table(
         rows,
@@ -222,7 +260,7 @@ def main(argv: list[str] | None = None) -> None:
             "data_pct",
             "samples_per_s",
             "gflops_per_s",
-            "speedup_vs_fp32",
+            "speedup_vs_first",
         ],
     )
     print(f"wrote {path}; machine: {machine_info()}")
