@@ -15,6 +15,8 @@ Rows (each step exactly as the trainers do it):
   48x48 and cropped to 44x44, U-Net 64/128/256, batch 64).
 - `tdmpc`: one TD-MPC update (`policy=tdmpc env=pusht_keypoints`, batch 256, horizon 5) on the PushT
   demonstrations loaded into its replay buffer, as the online trainer's offline buffer holds them.
+- `tdmpc_cpu`: the same for the CPU experiment (`+experiment=tdmpc_pusht_keypoints_cpu`: 256-wide MLPs,
+  batch 128).
 
 Diffusion Policy: data = `next()` on the real loader (`make_dataset` + `cycle_batches`, num_workers 0, as
 the CPU experiment trains); compute = the trainers' `TrainStep` (forward under bf16 autocast or not,
@@ -59,6 +61,7 @@ ROWS = {
     "dp_keypoints_cpu": ["+experiment=diffusion_pusht_keypoints_cpu"],
     "dp_image_cpu": ["+experiment=diffusion_pusht_image_cpu"],
     "tdmpc": ["policy=tdmpc", "env=pusht_keypoints"],
+    "tdmpc_cpu": ["+experiment=tdmpc_pusht_keypoints_cpu"],
 }
 # Each variant: (bf16 autocast, torch.compile of the forward pass as `training.compile` does it).
 VARIANTS = {
@@ -142,7 +145,7 @@ def tdmpc_row(name: str, overrides: list[str], steps: int, variants: list[str]) 
     n_params = sum(p.numel() for p in policy.parameters())
     update = TrainStep(policy, policy_cfg, cfg.training, total_updates=1000)
     buffer = load_demonstrations(cfg, env_cfg, list(policy.obs_keys))
-    batch_size, horizon = policy_cfg.batch_size, policy.replay_horizon
+    batch_size, horizon = cfg.training.batch_size or policy_cfg.batch_size, policy.replay_horizon
     run = _variant_updater(update, variants)
 
     def step(variant: str) -> tuple[float, float]:
@@ -245,7 +248,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for name in args.rows:
         print(f"\n{name}:")
-        runner = tdmpc_row if name == "tdmpc" else diffusion_row
+        runner = tdmpc_row if name.startswith("tdmpc") else diffusion_row
         rows += runner(name, ROWS[name] + extra + args.overrides, args.steps, args.variants)
     path = save_results(args.results, keep_previous_rows(args.results, rows, key="row"), {"args": vars(args)})
     print("\nsummary:")
