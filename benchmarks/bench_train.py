@@ -165,32 +165,32 @@ def _time_rows(name, n_params, batch_size, flops, step, steps, variants) -> list
     compute = {d: [] for d in variants}
     errors = {}
     for i in range(steps + 1):
-        for dtype in variants:
-            if dtype in errors:
+        for variant in variants:
+            if variant in errors:
                 continue
             try:
-                d, c = step(dtype)
+                d, c = step(variant)
             except RuntimeError as e:  # e.g. a policy whose forward does not run under autocast
-                errors[dtype] = str(e).splitlines()[0]
-                print(f"{name} {dtype}: failed, row skipped: {errors[dtype]}")
+                errors[variant] = str(e).splitlines()[0]
+                print(f"{name} {variant}: failed, row skipped: {errors[variant]}")
                 continue
             if i:  # the first step of each variant warms up (allocator, autocast, optimizer state, compile)
-                data[dtype].append(d)
-                compute[dtype].append(c)
+                data[variant].append(d)
+                compute[variant].append(c)
     rows = []
-    for dtype in variants:
-        if dtype in errors:
-            rows.append({"row": name, "batch": batch_size, "dtype": dtype, "error": errors[dtype]})
+    for variant in variants:
+        if variant in errors:
+            rows.append({"row": name, "batch": batch_size, "dtype": variant, "error": errors[variant]})
             continue
-        data_ms = 1e3 * statistics.median(data[dtype])
-        compute_ms = 1e3 * statistics.median(compute[dtype])
+        data_ms = 1e3 * statistics.median(data[variant])
+        compute_ms = 1e3 * statistics.median(compute[variant])
         step_ms = data_ms + compute_ms
         rows.append(
             {
                 "row": name,
                 "params_M": n_params / 1e6,
                 "batch": batch_size,
-                "dtype": dtype,
+                "dtype": variant,
                 "step_ms": step_ms,
                 "data_ms": data_ms,
                 "compute_ms": compute_ms,
@@ -198,7 +198,7 @@ def _time_rows(name, n_params, batch_size, flops, step, steps, variants) -> list
                 "samples_per_s": batch_size / (step_ms / 1e3),
                 "gflop_per_step": flops / 1e9,
                 "gflops_per_s": flops / (compute_ms / 1e3) / 1e9,
-                "compute_runs_ms": [1e3 * c for c in compute[dtype]],
+                "compute_runs_ms": [1e3 * c for c in compute[variant]],
             }
         )
     for row in rows:
