@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
+from lerobot.cli import compose_config
+from lerobot.config import policy_config
 from lerobot.errors import ConfigError
 from lerobot.training.online import UpdateSchedule
+from lerobot.training.update import build_optimizer
 
 
 def run(schedule: UpdateSchedule, total: int) -> tuple[list[int], list[bool]]:
@@ -70,6 +74,30 @@ def test_count_updates_matches_and_does_not_consume_state():
     again = UpdateSchedule(n_envs=1, utd_ratio=0.5)
     again.load_state_dict(state)
     assert again.updates_after_collection(2) == restored.updates_after_collection(2) == 1
+
+
+class _OneWeight(torch.nn.Module):
+    """The least a policy needs for `build_optimizer`: parameters in groups."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(1))
+
+    def optimizer_param_groups(self) -> list[dict]:
+        return [{"params": [self.weight]}]
+
+
+def test_tdmpc_cpu_recipe_drops_the_learning_rate_at_its_90000th_transition():
+    """The recipe's step rule counts updates; its docs and results name transitions. The two must agree."""
+    cfg = compose_config(["+experiment=tdmpc_pusht_keypoints_cpu"])
+    policy_cfg = policy_config(cfg)
+    schedule = UpdateSchedule.from_config(cfg.training)
+    updates_at_90k = schedule.count_updates(90_000)
+    _, scheduler = build_optimizer(_OneWeight(), policy_cfg, schedule.count_updates(cfg.training.steps))
+    factor = scheduler.lr_lambdas[0]  # the rate after n updates is optimizer_lr * factor(n)
+    assert factor(updates_at_90k - 1) == 1.0
+    assert factor(updates_at_90k) == pytest.approx(0.1)
+    assert factor(schedule.count_updates(cfg.training.steps)) == pytest.approx(0.1)
 
 
 def test_invalid_settings():
