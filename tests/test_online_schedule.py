@@ -93,11 +93,12 @@ def test_tdmpc_cpu_recipe_drops_the_learning_rate_at_its_90000th_transition():
     policy_cfg = policy_config(cfg)
     schedule = UpdateSchedule.from_config(cfg.training)
     updates_at_90k = schedule.count_updates(90_000)
-    _, scheduler = build_optimizer(_OneWeight(), policy_cfg, schedule.count_updates(cfg.training.steps))
+    total_updates = schedule.count_updates(cfg.training.steps)
+    _, scheduler = build_optimizer(_OneWeight(), policy_cfg, total_updates)
     factor = scheduler.lr_lambdas[0]  # the rate after n updates is optimizer_lr * factor(n)
     assert factor(updates_at_90k - 1) == 1.0
     assert factor(updates_at_90k) == pytest.approx(0.1)
-    assert factor(schedule.count_updates(cfg.training.steps)) == pytest.approx(0.1)
+    assert factor(total_updates) == pytest.approx(0.1)
 
 
 def test_invalid_settings():
