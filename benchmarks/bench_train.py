@@ -12,7 +12,7 @@ Rows (each step exactly as the trainers do it):
 - `dp_keypoints_cpu`: the recorded CPU experiment (`+experiment=diffusion_pusht_keypoints_cpu`: U-Net
   64/128/256, batch 64), the configuration of the README's learning result.
 - `dp_image_cpu`: the CPU image experiment (`+experiment=diffusion_pusht_image_cpu`: images resized to
-  48x48 and cropped to 44x44, U-Net 64/128/256, batch 64).
+  48x48 and cropped to 44x44, three ResNet-18 stages, U-Net 64/128/256, batch 64).
 - `tdmpc`: one TD-MPC update (`policy=tdmpc env=pusht_keypoints`, batch 256, horizon 5) on the PushT
   demonstrations loaded into its replay buffer, as the online trainer's offline buffer holds them.
 - `tdmpc_cpu`: the same for the CPU experiment (`+experiment=tdmpc_pusht_keypoints_cpu`: 256-wide MLPs,
