@@ -6,6 +6,7 @@ import json
 import math
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -97,9 +98,12 @@ def test_train_resume_and_eval(tmp_path):
     assert len(info["per_episode"]) == 2 and all(ep["n_steps"] == 12 for ep in info["per_episode"])
 
 
-def test_train_with_bf16_autocast(tmp_path):
+@pytest.mark.parametrize("value_bins", [0, 11])
+def test_train_with_bf16_autocast(tmp_path, value_bins):
+    """A short bf16 run, with scalar heads and with TD-MPC2's two-hot bins, logs finite losses."""
     run_dir = tmp_path / "amp"
-    assert train_main([*TINY, "training.steps=30", "training.use_amp=true", f"output_dir={run_dir}"]) == 0
+    overrides = ["training.steps=30", "training.use_amp=true", f"policy.value_bins={value_bins}"]
+    assert train_main([*TINY, *overrides, f"output_dir={run_dir}"]) == 0
     losses = [r["loss"] for r in records(run_dir, "train") if "loss" in r]
     assert losses and all(math.isfinite(v) for v in losses)
 

@@ -259,10 +259,12 @@ def test_episode_streams_replace_the_slot_seeds(one_thread):
     assert not torch.allclose(other.select_action({k: v[2:] for k, v in obs_seq[0].items()}), a1)
 
 
-def test_blocked_values_are_bit_identical(one_thread, monkeypatch):
+@pytest.mark.parametrize("value_bins", [0, 11])
+def test_blocked_values_are_bit_identical(one_thread, monkeypatch, value_bins):
     """Candidate values computed in blocks == all rows at once == the model's modules on the whole batch (to
-    float rounding: row blocking may change a BLAS kernel's choice on other CPUs)."""
-    policy = make_policy()
+    float rounding: row blocking may change a BLAS kernel's choice on other CPUs); with scalar heads and with
+    two-hot bins decoded to scalars."""
+    policy = make_policy(value_bins=value_bins)
     model, planner = policy.model, policy.planner
     g = torch.Generator().manual_seed(3)
     n_rows, horizon = 300, policy.config.planning_horizon
@@ -460,19 +462,75 @@ def test_forward_runs_under_bf16_autocast():
     assert policy.q_scale.dtype == torch.float32 and torch.isfinite(policy.q_scale)
 
 
-def test_a_few_updates_fit_a_batch():
+def reward_error(policy: TDMPCPolicy, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Mean squared error of the predicted (decoded) rewards along the batch's latent rollout."""
+    with torch.no_grad():
+        obs = policy.encode_observation({k: batch[k] for k in policy.obs_keys})
+        action = policy.normalizer.normalize(ACTION, batch[ACTION])
+        z, err = policy.model.encode(obs[:, 0]), []
+        for t in range(action.shape[1]):
+            err.append((policy.model.reward(z, action[:, t]) - batch[NEXT_REWARD][:, t]) ** 2)
+            z = policy.model.next(z, action[:, t])
+    return torch.stack(err).mean()
+
+
+@pytest.mark.parametrize("value_bins", [0, 101])
+def test_a_few_updates_fit_a_batch(value_bins):
     torch.manual_seed(0)
-    policy = TDMPCPolicy(tiny_config()).train()
+    policy = TDMPCPolicy(tiny_config(value_bins=value_bins)).train()
     batch = training_batch()
     opt = torch.optim.Adam([p for p in policy.parameters() if p.requires_grad], lr=3e-3)
-    first = policy(batch)
-    for _ in range(30):
+    first_loss, first_error = policy(batch)["reward_loss"], reward_error(policy, batch)
+    # From uniform logits, 101 bins take longer to concentrate than a scalar head takes to move.
+    for _ in range(30 if value_bins == 0 else 100):
         out = policy(batch)
         opt.zero_grad()
         out["loss"].backward()
         opt.step()
         policy.update_target()
-    assert out["reward_loss"] < 0.5 * first["reward_loss"]
+    # A cross-entropy cannot halve towards 0 (its floor is the two-hot targets' entropy, up to log 2).
+    assert out["reward_loss"] < (0.5 if value_bins == 0 else 0.6) * first_loss
+    assert reward_error(policy, batch) < 0.5 * first_error  # the decoded rewards fit too
+
+
+def test_two_hot_encodes_onto_neighbouring_bins_and_decodes_back():
+    """A value's two-hot weights sit on the two bins around symlog(value) and sum to 1; decoding their
+    log-probabilities gives the value back; values beyond the range clip to its ends."""
+    two_hot = networks.TwoHot(num_bins=21, symlog_range=10.0)  # bins 1 apart in symlog space
+    x = torch.tensor([-300.0, -1.0, 0.0, 0.5, 2.0, 99.0, 5000.0])
+    enc = two_hot.encode(x)
+    assert enc.shape == (7, 21)
+    torch.testing.assert_close(enc.sum(-1), torch.ones(7))
+    assert ((enc > 0).sum(-1) <= 2).all()
+    nonzero = [torch.nonzero(row).flatten() for row in enc]
+    assert all(len(i) == 1 or int(i[1] - i[0]) == 1 for i in nonzero)
+    torch.testing.assert_close(two_hot.decode(enc.clamp_min(1e-30).log()), x, rtol=1e-4, atol=1e-4)
+    far = two_hot.encode(torch.tensor([1e9, -1e9]))
+    assert far[0, -1] == 1.0 and far[1, 0] == 1.0
+    # Uniform logits decode to 0 (zero-initialised heads start at 0); the loss is smallest at the target.
+    assert abs(float(two_hot.decode(torch.zeros(21)))) < 1e-6
+    target = torch.tensor(2.0)
+    best = two_hot.loss(two_hot.encode(target).clamp_min(1e-30).log(), target)
+    assert best < two_hot.loss(torch.zeros(21), target)
+    assert best < two_hot.loss(two_hot.encode(torch.tensor(3.0)).clamp_min(1e-6).log(), target)
+
+
+def test_value_bins_losses_match_closed_form_at_init():
+    """Fresh model with two-hot heads: zero logits decode to 0 (to float rounding of the bins), so TD targets
+    are the rewards and each head's cross-entropy against any target is log(num_bins)."""
+    torch.manual_seed(0)
+    bins = 11
+    policy = TDMPCPolicy(tiny_config(discount=0.9, rho=0.5, value_bins=bins))
+    batch = training_batch()
+    out = policy(batch)
+    w = 0.5 ** torch.arange(3.0)
+    log_n = torch.log(torch.tensor(float(bins)))
+    torch.testing.assert_close(out["td_target_mean"], batch[NEXT_REWARD].mean())
+    torch.testing.assert_close(out["reward_loss"], (w * log_n).sum() / 3)
+    torch.testing.assert_close(out["value_loss"], (w * 3 * log_n).sum() / 3)  # n_q=3 members summed
+    assert abs(float(out["q_mean"])) < 1e-5
+    out["loss"].backward()
+    assert policy.model.q_ensemble.weights[-1].grad.abs().sum() > 0
 
 
 def test_update_target_is_an_ema():
@@ -513,3 +571,5 @@ def test_config_validation():
         tiny_config(plan_action="best").validate()
     with pytest.raises(ConfigError, match="plan_pessimism"):
         tiny_config(plan_pessimism=-0.5).validate()
+    with pytest.raises(ConfigError, match="value_bins=1"):
+        tiny_config(value_bins=1).validate()

@@ -14,6 +14,8 @@ temporal discount rho 0.5). Deviations, and why:
   such as PushT whose termination is success (the option's comment says why); `reward_exponent` (1 by
   default) sharpens rewards in [0, 1] so that the last stretch to the goal is worth more; `plan_pessimism`
   (0 by default) makes the planner distrust final states where the Q ensemble disagrees.
+- `value_bins` (0 by default) swaps the squared-error reward and value regression for TD-MPC2's
+  cross-entropy over two-hot bins in symlog space.
 - The policy objective is divided by a running estimate of the Q scale so that tasks with large returns
   (Pendulum: rewards down to -16 per step) do not let the policy gradient dominate the shared gradient clip.
 
@@ -79,6 +81,11 @@ class TDMPCConfig(PolicyConfig):
     # earns 0.95 of a success's reward, so the value barely tells finishing from hovering; an exponent of 4
     # makes it 0.81. Evaluation still reports the env's reward.
     reward_exponent: float = 1.0
+    # Beyond TD-MPC as published (TD-MPC2's discrete regression): 0 keeps scalar reward and Q heads learned by
+    # squared error; >= 2 makes each head output logits over that many bins evenly spaced in symlog space on
+    # [-10, 10], learned by cross-entropy against the target's two-hot encoding (TD-MPC2 uses 101). The
+    # loss then does not grow with the size of the returns; planning and the policy still see scalars.
+    value_bins: int = 0
     # EMA decay of the running Q scale that normalises the policy objective.
     q_scale_momentum: float = 0.99
 
@@ -136,6 +143,10 @@ class TDMPCConfig(PolicyConfig):
             raise ConfigError("policy.iterations and policy.num_samples must be >= 1, num_pi_trajs >= 0")
         if self.reward_exponent <= 0:
             raise ConfigError(f"policy.reward_exponent={self.reward_exponent} must be > 0")
+        if self.value_bins < 0 or self.value_bins == 1:
+            raise ConfigError(
+                f"policy.value_bins={self.value_bins}: use 0 for scalar heads or >= 2 bins (TD-MPC2: 101)"
+            )
         if self.bc_coeff < 0:
             raise ConfigError(f"policy.bc_coeff={self.bc_coeff} must be >= 0")
         if not 0.0 < self.tau <= 1.0:

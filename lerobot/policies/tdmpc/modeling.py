@@ -62,6 +62,7 @@ class TDMPCPolicy(OnlinePolicy):
             mlp_dim=config.mlp_dim,
             simnorm_dim=config.simnorm_dim,
             n_q=config.n_q,
+            value_bins=config.value_bins,
         )
         # The target network is a frozen EMA copy of the whole model (encoder and Q are what the targets use).
         self.model_target = copy.deepcopy(self.model).requires_grad_(False)
@@ -155,6 +156,8 @@ class TDMPCPolicy(OnlinePolicy):
         Each term is a sum over time steps t of rho**t times the per-step loss, divided by the horizon:
         - consistency: ||d(z_t, a_t) - h_target(o_{t+1})||^2 (latent rollout from z_0 = h(o_0))
         - reward: (R(z_t, a_t) - r_t)^2, where r_t is the env's reward raised to `reward_exponent`
+          (with `value_bins`, here and in the value term: the cross-entropy of the head's bins against the
+          target's two-hot encoding instead of the squared error)
         - value: sum over the ensemble of (Q_k(z_t, a_t) - (r_t + discount * (1 - term_t) * V'(o_{t+1})))^2,
           V'(o) = min over `n_q_min` random target Qs of Q'(h(o), pi(h(o))); with `absorbing_terminal` a
           terminated step bootstraps from r_t / (1 - discount) instead of nothing
@@ -192,13 +195,15 @@ class TDMPCPolicy(OnlinePolicy):
             z = self.model.next(z, action[:, t])
             latents.append(z)
         zs = torch.stack(latents, dim=1)  # (B, H+1, L)
-        q_pred = self.model.q(zs[:, :-1], action)  # (n_q, B, H)
-        r_pred = self.model.reward(zs[:, :-1], action)  # (B, H)
+        q_out = self.model.q_outputs(zs[:, :-1], action)  # (n_q, B, H, n_out)
+        r_out = self.model.reward_outputs(zs[:, :-1], action)  # (B, H, n_out)
 
         w = rho[:horizon]
         consistency = (w * ((zs[:, 1:] - z_target) ** 2).mean(dim=(0, 2))).sum() / horizon
-        reward_loss = (w * ((r_pred - reward) ** 2).mean(dim=0)).sum() / horizon
-        value_loss = (w * ((q_pred - td_target.unsqueeze(0)) ** 2).sum(dim=0).mean(dim=0)).sum() / horizon
+        reward_err = self.model.regression_loss(r_out, reward)  # (B, H)
+        reward_loss = (w * reward_err.mean(dim=0)).sum() / horizon
+        value_err = self.model.regression_loss(q_out, td_target.expand(cfg.n_q, -1, -1))  # (n_q, B, H)
+        value_loss = (w * value_err.sum(dim=0).mean(dim=0)).sum() / horizon
 
         # Policy: maximise Q along the (detached) latent rollout; Q's weights are detached so this term
         # trains pi alone.
@@ -234,7 +239,7 @@ class TDMPCPolicy(OnlinePolicy):
             "value_loss": value_loss.detach(),
             "policy_loss": policy_loss.detach(),
             "bc_loss": bc_loss.detach(),
-            "q_mean": q_pred.detach().mean(),
+            "q_mean": self.model.to_scalar(q_out.detach()).mean(),
             "td_target_mean": td_target.mean(),
         }
 

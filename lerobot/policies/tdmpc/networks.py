@@ -1,4 +1,5 @@
-"""Building blocks of the TD-MPC world model: MLPs, SimNorm, a vectorised Q ensemble, bounds normalisation.
+"""Building blocks of the TD-MPC world model: MLPs, SimNorm, a vectorised Q ensemble, bounds normalisation,
+and TD-MPC2's discrete regression of rewards and values (`TwoHot`).
 
 Everything works on normalised quantities: observations and actions in [-1, 1] (see `BoundsNormalizer`),
 latent states on the product of simplices that SimNorm produces.
@@ -112,22 +113,23 @@ def mlp_inference(net: nn.Sequential, x: Tensor) -> Tensor:
 class QEnsemble(nn.Module):
     """`n` Q-functions Q_k(z, a) evaluated in one batched matmul per layer instead of a Python loop.
 
-    Each member is Linear -> LayerNorm -> ELU (x len(hidden_dims)) -> Linear(1). Weights are stacked as
-    (n, d_in, d_out). `forward(..., detach_params=True)` uses detached weights: the policy objective
-    backpropagates through Q into the action without training Q itself.
+    Each member is Linear -> LayerNorm -> ELU (x len(hidden_dims)) -> Linear(out_dim): a scalar Q with
+    `out_dim=1`, the logits of `TwoHot` bins otherwise. Weights are stacked as (n, d_in, d_out).
+    `forward(..., detach_params=True)` uses detached weights: the policy objective backpropagates through Q
+    into the action without training Q itself.
     """
 
-    def __init__(self, n: int, in_dim: int, hidden_dims: list[int]):
+    def __init__(self, n: int, in_dim: int, hidden_dims: list[int], out_dim: int = 1):
         super().__init__()
         self.n = n
-        dims = [in_dim, *hidden_dims, 1]
+        dims = [in_dim, *hidden_dims, out_dim]
         self.weights = nn.ParameterList()
         self.biases = nn.ParameterList()
         self.ln_weights = nn.ParameterList()
         self.ln_biases = nn.ParameterList()
         for i, (d_in, d_out) in enumerate(zip(dims[:-1], dims[1:])):
             # Same init as nn.Linear, independently per member; the output layer starts at zero so that
-            # early TD targets are the rewards alone (as in TD-MPC).
+            # early TD targets are the rewards alone (as in TD-MPC; zero logits decode to 0 as well).
             bound = 1.0 / math.sqrt(d_in)
             last = i == len(dims) - 2
             w = torch.zeros(n, d_in, d_out) if last else torch.empty(n, d_in, d_out).uniform_(-bound, bound)
@@ -139,7 +141,7 @@ class QEnsemble(nn.Module):
                 self.ln_biases.append(nn.Parameter(torch.zeros(n, d_out)))
 
     def forward(self, x: Tensor, detach_params: bool = False) -> Tensor:
-        """Q values (n, ...) for inputs x (..., in_dim)."""
+        """Head outputs (n, ..., out_dim) for inputs x (..., in_dim)."""
         batch_shape = x.shape[:-1]
         h = x.reshape(1, -1, x.shape[-1]).expand(self.n, -1, -1)  # (n, N, in_dim)
         n_layers = len(self.weights)
@@ -154,10 +156,10 @@ class QEnsemble(nn.Module):
                     g, beta = g.detach(), beta.detach()
                 h = F.layer_norm(h, h.shape[-1:]) * g.unsqueeze(1) + beta.unsqueeze(1)
                 h = elu(h)
-        return h.reshape(self.n, *batch_shape)
+        return h.reshape(self.n, *batch_shape, h.shape[-1])
 
     def forward_inference(self, x: Tensor) -> Tensor:
-        """`forward(x)` for rows x (N, in_dim) -> (n, N), for acting under `torch.no_grad()`.
+        """`forward(x)` for rows x (N, in_dim) -> (n, N, out_dim), for acting under `torch.no_grad()`.
 
         The same ops as `forward` (bit-identical results), with the LayerNorm affine and the ELU applied in
         place: a hidden layer allocates two (n, N, d) tensors (matmul, LayerNorm) instead of five.
@@ -170,7 +172,7 @@ class QEnsemble(nn.Module):
                 h = F.layer_norm(h, h.shape[-1:])
                 h.mul_(self.ln_weights[i].unsqueeze(1)).add_(self.ln_biases[i].unsqueeze(1))
                 elu_(h)
-        return h.squeeze(-1)
+        return h
 
 
 def member_linear(h: Tensor, w: Tensor, b: Tensor) -> Tensor:
@@ -181,6 +183,58 @@ def member_linear(h: Tensor, w: Tensor, b: Tensor) -> Tensor:
     if w.shape[-1] == 1:
         return (torch.linalg.vecdot(h, w.transpose(1, 2)) + b).unsqueeze(-1)
     return torch.baddbmm(b.unsqueeze(1), h, w)
+
+
+def symlog(x: Tensor) -> Tensor:
+    """sign(x) * log(1 + |x|): compresses large magnitudes, near the identity around 0."""
+    return torch.sign(x) * torch.log1p(x.abs())
+
+
+def symexp(x: Tensor) -> Tensor:
+    """The inverse of `symlog`: sign(x) * (exp(|x|) - 1)."""
+    return torch.sign(x) * torch.expm1(x.abs())
+
+
+class TwoHot:
+    """TD-MPC2's discrete regression: a scalar as a categorical over `num_bins` points evenly spaced on
+    [-`symlog_range`, `symlog_range`] in symlog space (beyond TD-MPC as published).
+
+    A head outputs logits (..., num_bins); its value is symexp of the softmax-weighted mean bin, and it learns
+    by cross-entropy against the target's two-hot encoding (the two bins around symlog(target), weighted
+    by closeness). The loss's scale does not depend on the size of the returns, which is what lets one set of
+    loss weights fit tasks whose returns differ by orders of magnitude; the default range covers
+    |values| up to symexp(10), about 22,000.
+    """
+
+    def __init__(self, num_bins: int, symlog_range: float = 10.0):
+        if num_bins < 2:
+            raise ValueError(f"TwoHot needs at least 2 bins, got {num_bins}")
+        self.num_bins = num_bins
+        self.low, self.high = -symlog_range, symlog_range
+
+    def bins(self, like: Tensor) -> Tensor:
+        """The bin centres in symlog space, (num_bins,), on `like`'s device in float32."""
+        return torch.linspace(self.low, self.high, self.num_bins, device=like.device)
+
+    def encode(self, x: Tensor) -> Tensor:
+        """Two-hot targets (..., num_bins) for scalars x (...), clipped to the range."""
+        pos = (symlog(x.float()).clamp(self.low, self.high) - self.low) / (self.high - self.low)
+        pos = pos * (self.num_bins - 1)
+        lower = pos.floor().clamp(max=self.num_bins - 2)  # the top of the range is the last bin, weight 1
+        upper_weight = (pos - lower).unsqueeze(-1)
+        index = lower.long().unsqueeze(-1)
+        out = x.new_zeros(*x.shape, self.num_bins, dtype=torch.float32)
+        out.scatter_(-1, index, 1.0 - upper_weight)
+        return out.scatter_(-1, index + 1, upper_weight)
+
+    def decode(self, logits: Tensor) -> Tensor:
+        """Scalars (...) from logits (..., num_bins)."""
+        probs = torch.softmax(logits.float(), dim=-1)
+        return symexp(probs @ self.bins(logits))
+
+    def loss(self, logits: Tensor, target: Tensor) -> Tensor:
+        """Cross-entropy (...) of logits (..., num_bins) against the two-hot encoding of target (...)."""
+        return -(self.encode(target) * F.log_softmax(logits.float(), dim=-1)).sum(dim=-1)
 
 
 class BoundsNormalizer(nn.Module):
@@ -226,6 +280,11 @@ class WorldModel(nn.Module):
 
     Shapes: observations (..., obs_dim) and actions (..., action_dim) are normalised to [-1, 1]; latents are
     (..., latent_dim). Q returns (n_q, ...).
+
+    `value_bins=0` (TD-MPC): the reward head and each Q output one scalar, learned by squared error.
+    `value_bins >= 2` (TD-MPC2): they output `TwoHot` logits, learned by cross-entropy; `reward` and `q`
+    decode them, so planning and the policy objective see scalars either way. A head's raw output
+    (`reward_outputs`, `q_outputs`: (..., n_out)) has two uses: `to_scalar` and `regression_loss`.
     """
 
     def __init__(
@@ -237,13 +296,16 @@ class WorldModel(nn.Module):
         mlp_dim: int,
         simnorm_dim: int,
         n_q: int,
+        value_bins: int = 0,
     ):
         super().__init__()
+        self.two_hot = TwoHot(value_bins) if value_bins else None
+        n_out = value_bins if value_bins else 1
         self.encoder = mlp(obs_dim, [enc_dim], latent_dim, SimNorm(simnorm_dim))
         self.dynamics = mlp(latent_dim + action_dim, [mlp_dim, mlp_dim], latent_dim, SimNorm(simnorm_dim))
-        self.reward_head = mlp(latent_dim + action_dim, [mlp_dim, mlp_dim], 1)
+        self.reward_head = mlp(latent_dim + action_dim, [mlp_dim, mlp_dim], n_out)
         self.pi_head = mlp(latent_dim, [mlp_dim, mlp_dim], action_dim, nn.Tanh())
-        self.q_ensemble = QEnsemble(n_q, latent_dim + action_dim, [mlp_dim, mlp_dim])
+        self.q_ensemble = QEnsemble(n_q, latent_dim + action_dim, [mlp_dim, mlp_dim], n_out)
         # Zero-initialised reward output: predicted rewards start at 0 rather than at random values.
         nn.init.zeros_(self.reward_head[-1].weight)
         nn.init.zeros_(self.reward_head[-1].bias)
@@ -255,14 +317,32 @@ class WorldModel(nn.Module):
         """Next latent d(z, a)."""
         return self.dynamics(torch.cat([z, a], dim=-1))
 
+    def to_scalar(self, out: Tensor) -> Tensor:
+        """A reward or Q head's value (...) from its raw output (..., n_out)."""
+        return out.squeeze(-1) if self.two_hot is None else self.two_hot.decode(out)
+
+    def regression_loss(self, out: Tensor, target: Tensor) -> Tensor:
+        """Per-element loss (...) of a head's raw output (..., n_out) against scalar targets (...)."""
+        if self.two_hot is None:
+            return (out.squeeze(-1) - target) ** 2
+        return self.two_hot.loss(out, target)
+
+    def reward_outputs(self, z: Tensor, a: Tensor) -> Tensor:
+        """The reward head's raw output (..., n_out)."""
+        return self.reward_head(torch.cat([z, a], dim=-1))
+
     def reward(self, z: Tensor, a: Tensor) -> Tensor:
         """Predicted reward R(z, a), shape (...)."""
-        return self.reward_head(torch.cat([z, a], dim=-1)).squeeze(-1)
+        return self.to_scalar(self.reward_outputs(z, a))
 
     def pi(self, z: Tensor) -> Tensor:
         """Policy prior's action in [-1, 1]."""
         return self.pi_head(z)
 
+    def q_outputs(self, z: Tensor, a: Tensor, detach_params: bool = False) -> Tensor:
+        """The Q ensemble's raw outputs (n_q, ..., n_out)."""
+        return self.q_ensemble(torch.cat([z, a], dim=-1), detach_params=detach_params)
+
     def q(self, z: Tensor, a: Tensor, detach_params: bool = False) -> Tensor:
         """All Q values, shape (n_q, ...)."""
-        return self.q_ensemble(torch.cat([z, a], dim=-1), detach_params=detach_params)
+        return self.to_scalar(self.q_outputs(z, a, detach_params))

@@ -270,12 +270,12 @@ class MPPIPlanner:
         discount = 1.0
         for t in range(actions.shape[1]):
             za[:, latent_dim:] = actions[:, t]
-            value += discount * mlp_inference(model.reward_head, za).squeeze(-1)
+            value += discount * model.to_scalar(mlp_inference(model.reward_head, za))
             z = mlp_inference(model.dynamics, za)  # (r, L)
             za[:, :latent_dim] = z
             discount *= self.s.discount
         za[:, latent_dim:] = mlp_inference(model.pi_head, z)
-        q = model.q_ensemble.forward_inference(za)  # (n_q, r)
+        q = model.to_scalar(model.q_ensemble.forward_inference(za))  # (n_q, r)
         terminal = q.mean(dim=0)
         if self.s.pessimism > 0:
             terminal = terminal - self.s.pessimism * q.std(dim=0)
