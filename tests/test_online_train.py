@@ -98,11 +98,11 @@ def test_train_resume_and_eval(tmp_path):
     assert len(info["per_episode"]) == 2 and all(ep["n_steps"] == 12 for ep in info["per_episode"])
 
 
-@pytest.mark.parametrize("value_bins", [0, 11])
-def test_train_with_bf16_autocast(tmp_path, value_bins):
-    """A short bf16 run, with scalar heads and with TD-MPC2's two-hot bins, logs finite losses."""
+@pytest.mark.parametrize("tdmpc2", [[], ["policy.value_bins=11", "policy.prior_entropy_coeff=1e-4"]])
+def test_train_with_bf16_autocast(tmp_path, tdmpc2):
+    """A short bf16 run logs finite losses, as TD-MPC and with TD-MPC2's two-hot bins and Gaussian prior."""
     run_dir = tmp_path / "amp"
-    overrides = ["training.steps=30", "training.use_amp=true", f"policy.value_bins={value_bins}"]
+    overrides = ["training.steps=30", "training.use_amp=true", *tdmpc2]
     assert train_main([*TINY, *overrides, f"output_dir={run_dir}"]) == 0
     losses = [r["loss"] for r in records(run_dir, "train") if "loss" in r]
     assert losses and all(math.isfinite(v) for v in losses)

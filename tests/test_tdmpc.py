@@ -170,7 +170,10 @@ def reference_plan(policy: TDMPCPolicy, z: torch.Tensor, gen: torch.Generator, p
     pi_actions = torch.zeros(n_pi, horizon, a_dim)
     zp = z.expand(n_pi, -1)
     for t in range(horizon):
-        pi_actions[:, t] = (model.pi(zp) + cfg.min_std * eps_pi[:, t]).clamp(-1, 1)
+        if cfg.prior_entropy_coeff > 0:  # a draw from the Gaussian prior with the same noise
+            pi_actions[:, t] = model.pi_sample(zp, eps_pi[:, t])[0]
+        else:
+            pi_actions[:, t] = (model.pi(zp) + cfg.min_std * eps_pi[:, t]).clamp(-1, 1)
         zp = model.next(zp, pi_actions[:, t])
 
     mean = torch.zeros(horizon, a_dim)
@@ -203,12 +206,15 @@ def reference_plan(policy: TDMPCPolicy, z: torch.Tensor, gen: torch.Generator, p
 ROWS64 = dict(num_samples=60, num_pi_trajs=4, num_elites=8)
 
 
-@pytest.mark.parametrize("plan_action", ["elite", "mean"])
-def test_planner_matches_a_per_env_reference(one_thread, plan_action):
+@pytest.mark.parametrize(
+    "plan_action,prior_entropy_coeff", [("elite", 0.0), ("mean", 0.0), ("elite", 1e-4), ("mean", 1e-4)]
+)
+def test_planner_matches_a_per_env_reference(one_thread, plan_action, prior_entropy_coeff):
     """Batched planning of 3 envs (own seeds, warm starts, env 1 reset at call 2) == one env at a time; the
-    executed action is the drawn elite's or the final mean's first step, as `plan_action` says."""
+    executed action is the drawn elite's or the final mean's first step, as `plan_action` says; with the
+    deterministic prior and with the Gaussian one."""
     seeds = [21, 22, 23]
-    policy = make_policy(**ROWS64, plan_action=plan_action)
+    policy = make_policy(**ROWS64, plan_action=plan_action, prior_entropy_coeff=prior_entropy_coeff)
     policy.set_noise_seed(seeds)
     gens = [torch.Generator().manual_seed(s) for s in seeds]
     prev: list[torch.Tensor | None] = [None] * 3
@@ -493,6 +499,54 @@ def test_a_few_updates_fit_a_batch(value_bins):
     assert reward_error(policy, batch) < 0.5 * first_error  # the decoded rewards fit too
 
 
+def test_gaussian_prior_draws_and_log_density():
+    """`pi_sample` is tanh(mean + std * eps) with the log-density of torch's tanh-transformed Normal; `pi` is
+    the mean's tanh; the std stays within TD-MPC2's log-std bounds."""
+    from torch.distributions import Normal, TanhTransform, TransformedDistribution
+
+    policy = make_policy(prior_entropy_coeff=1e-4)
+    model = policy.model
+    g = torch.Generator().manual_seed(4)
+    z = model.encode(torch.rand(64, policy.obs_dim, generator=g) * 2 - 1)
+    eps = torch.randn(64, policy.action_dim, generator=g)
+    with torch.no_grad():
+        action, log_prob = model.pi_sample(z, eps)
+        mean, raw = model.pi_head(z).chunk(2, dim=-1)
+        log_std = networks.LOG_STD_MIN + 0.5 * (networks.LOG_STD_MAX - networks.LOG_STD_MIN) * (
+            raw.tanh() + 1
+        )
+        dist = TransformedDistribution(Normal(mean, log_std.exp()), [TanhTransform()])
+        torch.testing.assert_close(action, torch.tanh(mean + log_std.exp() * eps))
+        inside = action.abs().amax(dim=-1) < 0.99  # where the 1e-6 guard of the log is negligible
+        assert inside.sum() > 32
+        want = dist.log_prob(action).sum(-1)
+        torch.testing.assert_close(log_prob[inside], want[inside], rtol=1e-4, atol=1e-3)
+        torch.testing.assert_close(model.pi(z), torch.tanh(mean))
+        assert action.shape == (64, policy.action_dim) and (action.abs() < 1).all()
+
+
+def test_entropy_term_widens_the_gaussian_prior_and_trains_pi_alone():
+    """With Q at 0 (fresh heads) the policy objective is the entropy bonus alone: a few steps raise the
+    prior's entropy, and only pi_head gets gradients."""
+    torch.manual_seed(0)
+    coeffs = dict(consistency_coeff=0.0, reward_coeff=0.0, value_coeff=0.0)
+    policy = TDMPCPolicy(tiny_config(prior_entropy_coeff=0.1, **coeffs)).train()
+    batch = training_batch()
+    opt = torch.optim.Adam(policy.model.parameters(), lr=1e-2)
+    first = policy(batch)
+    first["loss"].backward()
+    grads = {n: p.grad is not None and p.grad.abs().sum() > 0 for n, p in policy.model.named_parameters()}
+    assert any(v for n, v in grads.items() if n.startswith("pi_head"))
+    assert not any(v for n, v in grads.items() if not n.startswith("pi_head"))
+    for _ in range(20):
+        out = policy(batch)
+        opt.zero_grad()
+        out["loss"].backward()
+        opt.step()
+    assert out["prior_entropy"] > first["prior_entropy"] + 1.0
+    assert "prior_entropy" not in TDMPCPolicy(tiny_config())(batch)
+
+
 def test_two_hot_encodes_onto_neighbouring_bins_and_decodes_back():
     """A value's two-hot weights sit on the two bins around symlog(value) and sum to 1; decoding their
     log-probabilities gives the value back; values beyond the range clip to its ends."""
@@ -571,5 +625,7 @@ def test_config_validation():
         tiny_config(plan_action="best").validate()
     with pytest.raises(ConfigError, match="plan_pessimism"):
         tiny_config(plan_pessimism=-0.5).validate()
+    with pytest.raises(ConfigError, match="prior_entropy_coeff"):
+        tiny_config(prior_entropy_coeff=-1.0).validate()
     with pytest.raises(ConfigError, match="value_bins=1"):
         tiny_config(value_bins=1).validate()

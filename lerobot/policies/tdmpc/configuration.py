@@ -14,6 +14,7 @@ temporal discount rho 0.5). Deviations, and why:
   such as PushT whose termination is success (the option's comment says why); `reward_exponent` (1 by
   default) sharpens rewards in [0, 1] so that the last stretch to the goal is worth more; `plan_pessimism`
   (0 by default) makes the planner distrust final states where the Q ensemble disagrees.
+- `prior_entropy_coeff` (0 by default) makes the policy prior TD-MPC2's entropy-regularised Gaussian.
 - `value_bins` (0 by default) swaps the squared-error reward and value regression for TD-MPC2's
   cross-entropy over two-hot bins in symlog space.
 - The policy objective is divided by a running estimate of the Q scale so that tasks with large returns
@@ -86,6 +87,11 @@ class TDMPCConfig(PolicyConfig):
     # [-10, 10], learned by cross-entropy against the target's two-hot encoding (TD-MPC2 uses 101). The
     # loss then does not grow with the size of the returns; planning and the policy still see scalars.
     value_bins: int = 0
+    # Beyond TD-MPC as published (TD-MPC2's policy prior): 0 keeps the deterministic tanh prior, whose planner
+    # trajectories get `min_std` noise; > 0 makes the prior a tanh-squashed Gaussian with a learned std,
+    # trained to maximise Q plus this weight times its entropy (times the action dims, as TD-MPC2, which uses
+    # 1e-4). Its draws seed the planner; the value targets and the planner's terminal value take its mean.
+    prior_entropy_coeff: float = 0.0
     # EMA decay of the running Q scale that normalises the policy objective.
     q_scale_momentum: float = 0.99
 
@@ -147,6 +153,8 @@ class TDMPCConfig(PolicyConfig):
             raise ConfigError(
                 f"policy.value_bins={self.value_bins}: use 0 for scalar heads or >= 2 bins (TD-MPC2: 101)"
             )
+        if self.prior_entropy_coeff < 0:
+            raise ConfigError(f"policy.prior_entropy_coeff={self.prior_entropy_coeff} must be >= 0")
         if self.bc_coeff < 0:
             raise ConfigError(f"policy.bc_coeff={self.bc_coeff} must be >= 0")
         if not 0.0 < self.tau <= 1.0:

@@ -63,6 +63,7 @@ class TDMPCPolicy(OnlinePolicy):
             simnorm_dim=config.simnorm_dim,
             n_q=config.n_q,
             value_bins=config.value_bins,
+            stochastic_prior=config.prior_entropy_coeff > 0,
         )
         # The target network is a frozen EMA copy of the whole model (encoder and Q are what the targets use).
         self.model_target = copy.deepcopy(self.model).requires_grad_(False)
@@ -126,12 +127,15 @@ class TDMPCPolicy(OnlinePolicy):
         return self.normalizer.unnormalize(self.action_key, actions)
 
     def _policy_rollout(self, z: Tensor) -> Tensor:
-        """Actions of the policy prior along its own latent rollout (B, H, A), with min_std noise if exploring."""
+        """Actions of the policy prior along its own latent rollout (B, H, A); when exploring, with min_std
+        noise (or drawn from the Gaussian prior)."""
         actions = []
         for t in range(self.config.planning_horizon):
-            a = self.model.pi(z)
             if self.explore:
-                a = (a + self.config.min_std * torch.randn_like(a)).clamp(-1, 1)
+                eps = torch.randn(*z.shape[:-1], self.action_dim, device=z.device)
+                a = self.model.pi_noisy(z, eps, self.config.min_std)
+            else:
+                a = self.model.pi(z)
             actions.append(a)
             if t < self.config.planning_horizon - 1:
                 z = self.model.next(z, a)
@@ -162,6 +166,8 @@ class TDMPCPolicy(OnlinePolicy):
           V'(o) = min over `n_q_min` random target Qs of Q'(h(o), pi(h(o))); with `absorbing_terminal` a
           terminated step bootstraps from r_t / (1 - discount) instead of nothing
         - policy: -min over `n_q_min` random Qs of Q(z_t, pi(z_t)) / q_scale on detached latents, Q frozen;
+          with `prior_entropy_coeff > 0` the action is a draw from the Gaussian prior and the objective
+          gains prior_entropy_coeff * action_dim * -log pi(a_t | z_t), the entropy's one-sample estimate;
           with `bc_coeff > 0` plus bc_coeff * (pi(z_t) - a_t)^2 (mean over action dims) on the rows marked
           `FROM_DEMONSTRATIONS`, t < H
         """
@@ -208,20 +214,31 @@ class TDMPCPolicy(OnlinePolicy):
         # Policy: maximise Q along the (detached) latent rollout; Q's weights are detached so this term
         # trains pi alone.
         z_pi = zs.detach()
-        pi_actions = self.model.pi(z_pi)  # (B, H+1, A)
+        stochastic = cfg.prior_entropy_coeff > 0
+        if stochastic:  # a reparameterised draw, so the gradient reaches the mean and the std
+            eps = torch.randn(*z_pi.shape[:-1], self.action_dim, device=z_pi.device, dtype=z_pi.dtype)
+            pi_actions, log_prob = self.model.pi_sample(z_pi, eps)  # (B, H+1, A), (B, H+1)
+        else:
+            pi_actions = self.model.pi(z_pi)  # (B, H+1, A)
         q_pi = self.model.q(z_pi, pi_actions, detach_params=True)  # (n_q, B, H+1)
         subset_pi = torch.randperm(cfg.n_q, device=action.device)[: cfg.n_q_min]
         q_pi = q_pi[subset_pi].min(dim=0).values
         if self.training:
             with torch.no_grad():
                 self.q_scale.lerp_(q_pi.abs().mean().to(self.q_scale.dtype), 1.0 - cfg.q_scale_momentum)
-        scale = self.q_scale.clamp_min(1.0)
-        policy_loss = -(rho * (q_pi / scale).mean(dim=0)).sum() / (horizon + 1)
+        objective = q_pi / self.q_scale.clamp_min(1.0)  # (B, H+1)
+        extra = {}
+        if stochastic:
+            entropy = -log_prob * self.action_dim  # TD-MPC2 scales the entropy by the action dims
+            objective = objective + cfg.prior_entropy_coeff * entropy
+            extra["prior_entropy"] = entropy.detach().mean()
+        policy_loss = -(rho * objective.mean(dim=0)).sum() / (horizon + 1)
         bc_loss = action.new_zeros(())
         if cfg.bc_coeff > 0 and FROM_DEMONSTRATIONS in batch:
             # A masked mean rather than indexing, so that no count is read back to the host.
             demo = batch[FROM_DEMONSTRATIONS].to(action.dtype)  # (B,)
-            sq_err = ((pi_actions[:, :-1] - action) ** 2).mean(dim=2)  # (B, H)
+            prior = self.model.pi(z_pi) if stochastic else pi_actions  # the Gaussian's mean
+            sq_err = ((prior[:, :-1] - action) ** 2).mean(dim=2)  # (B, H)
             bc_err = (demo.unsqueeze(1) * sq_err).sum(dim=0) / demo.sum().clamp_min(1.0)  # (H,)
             bc_loss = (w * bc_err).sum() / horizon
 
@@ -241,6 +258,7 @@ class TDMPCPolicy(OnlinePolicy):
             "bc_loss": bc_loss.detach(),
             "q_mean": self.model.to_scalar(q_out.detach()).mean(),
             "td_target_mean": td_target.mean(),
+            **extra,
         }
 
     @torch.no_grad()

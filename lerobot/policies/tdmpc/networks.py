@@ -275,11 +275,18 @@ class BoundsNormalizer(nn.Module):
         return x * half + center
 
 
+# Bounds of the Gaussian prior's log-std (`WorldModel.pi_sample`), as TD-MPC2.
+LOG_STD_MIN, LOG_STD_MAX = -10.0, 2.0
+
+
 class WorldModel(nn.Module):
     """Encoder h, latent dynamics d, reward head R, Q ensemble and tanh policy prior pi of TD-MPC.
 
     Shapes: observations (..., obs_dim) and actions (..., action_dim) are normalised to [-1, 1]; latents are
     (..., latent_dim). Q returns (n_q, ...).
+
+    `stochastic_prior=False` (TD-MPC): pi is deterministic, tanh of an MLP. True (TD-MPC2): pi_head outputs
+    the mean and log-std of a Gaussian squashed by tanh (`pi_sample` draws from it); `pi` is its mean's tanh.
 
     `value_bins=0` (TD-MPC): the reward head and each Q output one scalar, learned by squared error.
     `value_bins >= 2` (TD-MPC2): they output `TwoHot` logits, learned by cross-entropy; `reward` and `q`
@@ -297,14 +304,20 @@ class WorldModel(nn.Module):
         simnorm_dim: int,
         n_q: int,
         value_bins: int = 0,
+        stochastic_prior: bool = False,
     ):
         super().__init__()
+        self.action_dim = action_dim
+        self.stochastic_prior = stochastic_prior
         self.two_hot = TwoHot(value_bins) if value_bins else None
         n_out = value_bins if value_bins else 1
         self.encoder = mlp(obs_dim, [enc_dim], latent_dim, SimNorm(simnorm_dim))
         self.dynamics = mlp(latent_dim + action_dim, [mlp_dim, mlp_dim], latent_dim, SimNorm(simnorm_dim))
         self.reward_head = mlp(latent_dim + action_dim, [mlp_dim, mlp_dim], n_out)
-        self.pi_head = mlp(latent_dim, [mlp_dim, mlp_dim], action_dim, nn.Tanh())
+        if stochastic_prior:  # mean and log-std before the tanh
+            self.pi_head = mlp(latent_dim, [mlp_dim, mlp_dim], 2 * action_dim)
+        else:
+            self.pi_head = mlp(latent_dim, [mlp_dim, mlp_dim], action_dim, nn.Tanh())
         self.q_ensemble = QEnsemble(n_q, latent_dim + action_dim, [mlp_dim, mlp_dim], n_out)
         # Zero-initialised reward output: predicted rewards start at 0 rather than at random values.
         nn.init.zeros_(self.reward_head[-1].weight)
@@ -336,8 +349,32 @@ class WorldModel(nn.Module):
         return self.to_scalar(self.reward_outputs(z, a))
 
     def pi(self, z: Tensor) -> Tensor:
-        """Policy prior's action in [-1, 1]."""
-        return self.pi_head(z)
+        """Policy prior's action in [-1, 1] (the Gaussian's mean through the tanh with `stochastic_prior`)."""
+        return self.prior_mean(self.pi_head(z))
+
+    def prior_mean(self, out: Tensor) -> Tensor:
+        """The prior's action (..., A) from pi_head's output (..., A or 2A)."""
+        return torch.tanh(out[..., : self.action_dim]) if self.stochastic_prior else out
+
+    def pi_sample(self, z: Tensor, eps: Tensor) -> tuple[Tensor, Tensor]:
+        """A draw from the Gaussian prior, tanh(mean + std * eps), and its log-density, for eps (..., A).
+
+        Returns actions (..., A) in (-1, 1) and log pi(a | z) (...), with the tanh's change of variables.
+        """
+        mean, raw_log_std = self.pi_head(z).chunk(2, dim=-1)
+        # A smooth squash of the log-std into [LOG_STD_MIN, LOG_STD_MAX] (TD-MPC2's bounds).
+        log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (torch.tanh(raw_log_std) + 1)
+        action = torch.tanh(mean + log_std.exp() * eps)
+        gaussian = -0.5 * eps**2 - log_std - 0.5 * math.log(2 * math.pi)
+        log_prob = (gaussian - torch.log(F.relu(1 - action**2) + 1e-6)).sum(dim=-1)
+        return action, log_prob
+
+    def pi_noisy(self, z: Tensor, eps: Tensor, min_std: float) -> Tensor:
+        """The prior's action with Gaussian noise eps (..., A), for the planner's policy trajectories: a draw
+        from the Gaussian prior, or the deterministic prior's action plus `min_std` * eps, clipped."""
+        if self.stochastic_prior:
+            return self.pi_sample(z, eps)[0]
+        return (self.pi(z) + min_std * eps).clamp(-1, 1)
 
     def q_outputs(self, z: Tensor, a: Tensor, detach_params: bool = False) -> Tensor:
         """The Q ensemble's raw outputs (n_q, ..., n_out)."""

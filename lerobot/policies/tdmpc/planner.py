@@ -190,7 +190,7 @@ class MPPIPlanner:
         if n_pi > 0:
             zp = z.unsqueeze(1).expand(batch_size, n_pi, z.shape[-1])
             for t in range(horizon):
-                pi_actions[:, :, t] = (model.pi(zp) + s.min_std * eps_pi[:, :, t]).clamp(-1, 1)
+                pi_actions[:, :, t] = model.pi_noisy(zp, eps_pi[:, :, t], s.min_std)
                 if t < horizon - 1:
                     zp = model.next(zp, pi_actions[:, :, t])
 
@@ -274,7 +274,7 @@ class MPPIPlanner:
             z = mlp_inference(model.dynamics, za)  # (r, L)
             za[:, :latent_dim] = z
             discount *= self.s.discount
-        za[:, latent_dim:] = mlp_inference(model.pi_head, z)
+        za[:, latent_dim:] = model.prior_mean(mlp_inference(model.pi_head, z))
         q = model.to_scalar(model.q_ensemble.forward_inference(za))  # (n_q, r)
         terminal = q.mean(dim=0)
         if self.s.pessimism > 0:
