@@ -208,13 +208,13 @@ class TDMPCPolicy(OnlinePolicy):
         consistency = (w * ((zs[:, 1:] - z_target) ** 2).mean(dim=(0, 2))).sum() / horizon
         reward_err = self.model.regression_loss(r_out, reward)  # (B, H)
         reward_loss = (w * reward_err.mean(dim=0)).sum() / horizon
-        value_err = self.model.regression_loss(q_out, td_target.expand(cfg.n_q, -1, -1))  # (n_q, B, H)
+        value_err = self.model.regression_loss(q_out, td_target)  # (n_q, B, H)
         value_loss = (w * value_err.sum(dim=0).mean(dim=0)).sum() / horizon
 
         # Policy: maximise Q along the (detached) latent rollout; Q's weights are detached so this term
         # trains pi alone.
         z_pi = zs.detach()
-        stochastic = cfg.prior_entropy_coeff > 0
+        stochastic = self.model.stochastic_prior
         if stochastic:  # a reparameterised draw, so the gradient reaches the mean and the std
             eps = torch.randn(*z_pi.shape[:-1], self.action_dim, device=z_pi.device, dtype=z_pi.dtype)
             pi_actions, log_prob = self.model.pi_sample(z_pi, eps)  # (B, H+1, A), (B, H+1)

@@ -195,7 +195,7 @@ def symexp(x: Tensor) -> Tensor:
     return torch.sign(x) * torch.expm1(x.abs())
 
 
-class TwoHot:
+class TwoHot(nn.Module):
     """TD-MPC2's discrete regression: a scalar as a categorical over `num_bins` points evenly spaced on
     [-`symlog_range`, `symlog_range`] in symlog space (beyond TD-MPC as published).
 
@@ -207,14 +207,13 @@ class TwoHot:
     """
 
     def __init__(self, num_bins: int, symlog_range: float = 10.0):
+        super().__init__()
         if num_bins < 2:
             raise ValueError(f"TwoHot needs at least 2 bins, got {num_bins}")
         self.num_bins = num_bins
         self.low, self.high = -symlog_range, symlog_range
-
-    def bins(self, like: Tensor) -> Tensor:
-        """The bin centres in symlog space, (num_bins,), on `like`'s device in float32."""
-        return torch.linspace(self.low, self.high, self.num_bins, device=like.device)
+        # The bin centres in symlog space (num_bins,): derived from the two numbers above, so not saved.
+        self.register_buffer("bins", torch.linspace(self.low, self.high, num_bins), persistent=False)
 
     def encode(self, x: Tensor) -> Tensor:
         """Two-hot targets (..., num_bins) for scalars x (...), clipped to the range."""
@@ -230,10 +229,11 @@ class TwoHot:
     def decode(self, logits: Tensor) -> Tensor:
         """Scalars (...) from logits (..., num_bins)."""
         probs = torch.softmax(logits.float(), dim=-1)
-        return symexp(probs @ self.bins(logits))
+        return symexp(probs @ self.bins)
 
     def loss(self, logits: Tensor, target: Tensor) -> Tensor:
-        """Cross-entropy (...) of logits (..., num_bins) against the two-hot encoding of target (...)."""
+        """Cross-entropy (...) of logits (..., num_bins) against the two-hot encoding of target (...), which
+        broadcasts against the logits' leading dims (each target is encoded once)."""
         return -(self.encode(target) * F.log_softmax(logits.float(), dim=-1)).sum(dim=-1)
 
 
@@ -335,7 +335,8 @@ class WorldModel(nn.Module):
         return out.squeeze(-1) if self.two_hot is None else self.two_hot.decode(out)
 
     def regression_loss(self, out: Tensor, target: Tensor) -> Tensor:
-        """Per-element loss (...) of a head's raw output (..., n_out) against scalar targets (...)."""
+        """Per-element loss (...) of a head's raw output (..., n_out) against scalar targets broadcastable to
+        (...)."""
         if self.two_hot is None:
             return (out.squeeze(-1) - target) ** 2
         return self.two_hot.loss(out, target)
