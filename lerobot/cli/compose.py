@@ -42,20 +42,27 @@ def compose_config(
 def compose_train_config(overrides: list[str], search_path: Sequence[str | Path] = ()) -> DictConfig:
     """`compose_config` for a training run: an unset `output_dir` becomes Hydra's `hydra.run.dir`
     (`outputs/train/<date>/<time>_<env>_<policy>` unless overridden), as Hydra users expect."""
-    cfg, run_dir = _compose(overrides, CONFIG_DIR, search_path)
+    cfg, dirs = _compose(overrides, CONFIG_DIR, search_path)
     if cfg.output_dir is None:
         # The default run dir is new at every launch (it holds the time), so it has nothing to resume.
         named = any(o.startswith("hydra.run.dir=") for o in overrides)
         if not named and str(OmegaConf.select(cfg, "training.resume")).lower() == "true":
             raise ConfigError("training.resume=true needs output_dir=<run directory of the run to resume>")
-        cfg.output_dir = run_dir
+        cfg.output_dir = dirs["run"]
     return validate_run_config(cfg)
+
+
+def sweep_dir(overrides: list[str], search_path: Sequence[str | Path] = ()) -> str:
+    """`hydra.sweep.dir` as one job with `overrides` resolves it (`outputs/multirun/<date>/<time>_<env>_<policy>`
+    unless overridden): the directory a sweep writes into, named once, before any job runs."""
+    return _compose(overrides, CONFIG_DIR, search_path)[1]["sweep"]
 
 
 def _compose(
     overrides: list[str], config_dir: Path, search_path: Sequence[str | Path]
-) -> tuple[DictConfig, str]:
-    """The composed config without Hydra's own node, and the resolved `hydra.run.dir`."""
+) -> tuple[DictConfig, dict[str, str]]:
+    """The composed config without Hydra's own node, and the resolved `hydra.run.dir` and `hydra.sweep.dir`
+    (keys `run`, `sweep`): they name the env and the policy, which only the whole config knows."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
@@ -67,12 +74,12 @@ def _compose(
     try:
         with initialize_config_dir(config_dir=str(Path(config_dir).resolve()), version_base=None):
             cfg = compose(config_name="default", overrides=overrides, return_hydra_config=True)
-            run_dir = str(cfg.hydra.run.dir)
+            out = {"run": str(cfg.hydra.run.dir), "sweep": str(cfg.hydra.sweep.dir)}
     except (HydraException, OmegaConfBaseException) as e:
         raise ConfigError(_hydra_message(e, dirs)) from None
     with open_dict(cfg):
         del cfg["hydra"]
-    return cfg, run_dir
+    return cfg, out
 
 
 def _refuse_old_inference_overrides(overrides: Sequence[str]) -> None:

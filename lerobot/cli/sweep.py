@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import json
 import logging
+import shlex
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
 
-from lerobot.cli.compose import compose_config, search_path_override
+from lerobot.cli.compose import compose_config, search_path_override, sweep_dir
 from lerobot.config import CONFIG_DIR
 from lerobot.errors import EXPECTED_ERRORS, ConfigError
 from lerobot.policy_registry import validate_run_config
@@ -80,7 +81,7 @@ def train_job(cfg: DictConfig) -> dict[str, Any]:
         if stop.stopped_at is not None:
             _stop_sweep(stop.name)
             return {"status": "stopped", "error": f"stopped by {stop.name} at step {stop.stopped_at}, "
-                    "checkpoint saved; run the same command again to resume", "run_dir": run_dir}  # fmt: skip
+                    "checkpoint saved", "run_dir": run_dir}  # fmt: skip
     except EXPECTED_ERRORS as e:
         log.error("error: %s", e)
         return {"status": "error", "error": str(e), "run_dir": run_dir}
@@ -125,29 +126,50 @@ def run_sweep(overrides: Sequence[str], search_path: Sequence[Path] = ()) -> int
     from hydra.core.global_hydra import GlobalHydra
 
     check_jobs(overrides, search_path)
+    # One directory for the whole sweep, resolved here once: Hydra resolves `hydra.sweep.dir` again for every
+    # job, with that job's config, so the default (which names the env and the policy) would put the jobs of
+    # a sweep over envs or policies into different directories, and it cannot be resolved from Hydra's node
+    # alone after the jobs ran.
+    directory = sweep_dir(sweep_jobs(overrides)[0], search_path)
+    pinned = [o for o in overrides if not o.startswith("hydra.sweep.dir=")]
+    pinned.append(f"hydra.sweep.dir={_quoted(directory)}")
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None, job_name="train"):
         batches = GlobalHydra.instance().hydra.multirun(
             config_name="default",
             task_function=train_job,
-            overrides=[*overrides, *search_path_override(search_path)],
+            overrides=[*pinned, *search_path_override(search_path)],
         )
     jobs = [job for batch in batches for job in batch]
-    sweep_dir = Path(jobs[0].hydra_cfg.hydra.sweep.dir)
     summary = [
         {"job": i, "overrides": list(job.overrides or []), **job.return_value} for i, job in enumerate(jobs)
     ]
-    write_summary(sweep_dir, summary)
+    path = write_summary(Path(directory), summary)
+    statuses = {entry["status"] for entry in summary}
     # Print only what tells the jobs apart: the overrides that differ between them.
     shared = set.intersection(*(set(entry["overrides"]) for entry in summary))
     for entry in summary:
         print(_summary_line(entry, [o for o in entry["overrides"] if o not in shared]))
-    print(f"sweep summary: {sweep_dir / SUMMARY_FILE}")
-    statuses = {entry["status"] for entry in summary}
+    print(f"sweep summary: {path}")
+    if statuses & {"stopped", "not run"}:
+        # The default sweep directory names the launch time: only the directory itself finds the jobs again.
+        named = any(o.startswith("hydra.sweep.dir=") for o in overrides)
+        again = "" if named else " " + shlex.quote(f"hydra.sweep.dir={directory}")
+        print(f"to resume, run the same command{again} (each job resumes from its own directory)")
     if "failed" in statuses:
         return 1
     if "error" in statuses:
         return 2
     return 130 if _stopped_by == "SIGINT" else 0  # a scheduler's stop is a clean end, as for one run
+
+
+def _quoted(value: str) -> str:
+    """`value` as a quoted Hydra override value that Hydra reads back unchanged (spaces, commas, quotes)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    quoted = "'" + value.replace("'", "\\'") + "'"
+    if OverridesParser.create().parse_override(f"k={quoted}").value() != value:
+        raise ConfigError(f"hydra.sweep.dir={value!r}: Hydra cannot take this path back; pick a plainer one")
+    return quoted
 
 
 def write_summary(sweep_dir: Path, summary: list[dict[str, Any]]) -> Path:
