@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 from lerobot.config import EnvConfig
 from lerobot.constants import VISUAL
 from lerobot.envs.faults import close_now, kill_workers, worker_call
-from lerobot.envs.worker import build_env, build_worker_env
+from lerobot.envs.worker import build_env, build_worker_env, env_module, registered_id
 from lerobot.errors import ConfigError, EnvWorkerError
 from lerobot.runtime.files import write_json
 
@@ -107,7 +107,7 @@ def _check_env_config(env_cfg: EnvConfig) -> None:
             f"env {env_cfg.name!r} has no env.observation_keys: map the env's observation paths to batch "
             "keys, e.g. `observation_keys: {agent_pos: observation.state}`"
         )
-    namespace = env_cfg.gym_id.split("/")[0] if "/" in env_cfg.gym_id else None
+    namespace = env_module(env_cfg.gym_id)
     if namespace is not None:
         try:
             importlib.import_module(namespace)
@@ -115,7 +115,7 @@ def _check_env_config(env_cfg: EnvConfig) -> None:
             raise ConfigError(
                 f"env {env_cfg.name!r} needs the package {namespace!r}: pip install {namespace.replace('_', '-')}"
             ) from None
-    if env_cfg.gym_id not in gym.registry:
+    if registered_id(env_cfg.gym_id) not in gym.registry:
         raise ConfigError(f"unknown gym id {env_cfg.gym_id!r} in env {env_cfg.name!r}")
 
 

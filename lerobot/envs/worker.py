@@ -78,6 +78,20 @@ class BatchKeyObservation(gym.ObservationWrapper):
         return out
 
 
+def env_module(gym_id: str) -> str | None:
+    """The module whose import registers `gym_id`: gymnasium's `module:EnvName-v0` form names it (a module
+    inside a package, e.g. `lerobot.envs.dmc:lerobot/DMC-v0`), else the namespace of `namespace/EnvName-v0`
+    (`gym_pusht`); None for an id gymnasium registers itself (`Pendulum-v1`)."""
+    if ":" in gym_id:
+        return gym_id.split(":")[0]
+    return gym_id.split("/")[0] if "/" in gym_id else None
+
+
+def registered_id(gym_id: str) -> str:
+    """`gym_id` as gymnasium's registry holds it (without a `module:` prefix)."""
+    return gym_id.split(":")[-1]
+
+
 def build_worker_env(*args: object) -> gym.Env:
     """`build_env` for an async worker process: the worker ignores the stop signals sent to the whole
     process group (the main process stops first, saving what it must, then ends its workers).
@@ -98,10 +112,10 @@ def build_env(
 ) -> gym.Env:
     """Create one env with batch-keyed observations; runs inside async workers too, so it imports the
     env's package itself."""
-    namespace = gym_id.split("/")[0] if "/" in gym_id else None
-    if namespace is not None:
-        # Registering the namespace (e.g. `gym_pusht`) is a side effect of importing its package.
-        importlib.import_module(namespace)
+    module = env_module(gym_id)
+    if module is not None:
+        # Registering the id (e.g. `gym_pusht/PushT-v0`) is a side effect of importing its package.
+        importlib.import_module(module)
     kwargs = dict(gym_kwargs)
     if render_mode is not None:
         kwargs["render_mode"] = render_mode
