@@ -1,0 +1,271 @@
+"""DeepMind Control envs (lerobot/envs/dmc.py, configs/env/dmc_*.yaml) with TD-MPC's protocol, and the
+TD-MPC recipe for them (configs/experiment/tdmpc_dmc.yaml)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("dm_control", reason="dm_control is not installed: pip install 'lerobot[mujoco]'")
+
+from lerobot.cli import compose_config, train_main  # noqa: E402
+from lerobot.config import env_config  # noqa: E402
+from lerobot.envs import make_env, make_single_env  # noqa: E402
+from lerobot.envs.dmc import DMCEnv  # noqa: E402
+from lerobot.errors import ConfigError  # noqa: E402
+from lerobot.policy_registry import make_policy_config  # noqa: E402
+
+# config name -> (suite domain, task, observation size, action size, control timestep in seconds)
+TASKS = {
+    "dmc_cartpole_swingup": ("cartpole", "swingup", 5, 1, 0.01),
+    "dmc_walker_walk": ("walker", "walk", 24, 6, 0.025),
+    "dmc_reacher_easy": ("reacher", "easy", 6, 2, 0.02),
+    "dmc_finger_spin": ("finger", "spin", 9, 2, 0.02),
+    "dmc_cup_catch": ("ball_in_cup", "catch", 8, 2, 0.02),
+    "dmc_cheetah_run": ("cheetah", "run", 17, 6, 0.01),
+}
+
+
+def _env_cfg(name: str, *overrides: str):
+    return env_config(compose_config(["policy=tdmpc", f"env={name}", *overrides]))
+
+
+@pytest.mark.parametrize("name", sorted(TASKS))
+def test_spaces_shapes_and_protocol(name):
+    """Each config: the declared shapes, the spec's action bounds, 500 agent steps at action repeat 2, and
+    fps = 1 / (control timestep x 2)."""
+    domain, task, obs_dim, action_dim, control_dt = TASKS[name]
+    cfg = _env_cfg(name)
+    assert cfg.name == name and cfg.max_episode_steps == 500 and cfg.gym_kwargs["action_repeat"] == 2
+    assert cfg.features["observation.state"].shape == [obs_dim]
+    assert cfg.features["action"].shape == [action_dim]
+    assert cfg.fps == round(1 / (2 * control_dt))
+    env = make_single_env(cfg)
+    try:
+        dmc = env.unwrapped
+        assert (dmc.domain, dmc.task) == (domain, task) and dmc.control_timestep == control_dt
+        assert env.observation_space["observation.state"].shape == (obs_dim,)
+        spec = dmc.dm_env.action_spec()
+        np.testing.assert_array_equal(env.action_space.low, spec.minimum)
+        np.testing.assert_array_equal(env.action_space.high, spec.maximum)
+        assert env.action_space.low.tolist() == cfg.features["action"].low * action_dim
+        assert env.metadata["render_fps"] == cfg.fps
+        obs, info = env.reset(seed=0)
+        assert obs["observation.state"].shape == (obs_dim,) and obs["observation.state"].dtype == np.float32
+        assert info == {}
+    finally:
+        env.close()
+
+
+def test_observation_is_the_spec_dict_flattened_in_order():
+    env = DMCEnv("walker", "walk")
+    obs, _ = env.reset(seed=3)
+    # The task's own observation of the state just reset.
+    expected = env.dm_env.task.get_observation(env.dm_env.physics)
+    assert [name for name, _ in env.observation_layout] == ["orientations", "height", "velocity"]
+    assert [(s.start, s.stop) for _, s in env.observation_layout] == [(0, 14), (14, 15), (15, 24)]
+    for name, part in env.observation_layout:
+        np.testing.assert_array_equal(obs[part], np.asarray(expected[name], dtype=np.float32).reshape(-1))
+    env.close()
+
+
+def test_one_agent_step_is_two_control_steps_with_their_rewards_summed():
+    """Against dm_control itself, from the same seed: the same observation after 2 control steps, and the
+    reward of the agent step is the sum of the two control steps' rewards."""
+    # Imported after lerobot.envs.dmc, which picks a headless OpenGL backend before dm_control loads one.
+    from dm_control import suite
+
+    env = DMCEnv("cartpole", "swingup", action_repeat=2)
+    raw = suite.load("cartpole", "swingup", task_kwargs={"random": 7})
+
+    def flat(observation):
+        return np.concatenate([np.asarray(v, dtype=np.float32).reshape(-1) for v in observation.values()])
+
+    obs, _ = env.reset(seed=7)
+    np.testing.assert_array_equal(obs, flat(raw.reset().observation))
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        action = rng.uniform(-1, 1, size=1).astype(np.float32)
+        obs, reward, terminated, truncated, _ = env.step(action)
+        timesteps = [raw.step(action) for _ in range(2)]
+        np.testing.assert_array_equal(obs, flat(timesteps[-1].observation))
+        assert reward == pytest.approx(sum(t.reward for t in timesteps), abs=1e-12) and reward > 0
+        assert not terminated and not truncated
+    # 5 agent steps = 10 control steps of 0.01 s.
+    assert env.dm_env.physics.data.time == pytest.approx(10 * 0.01)
+    assert raw.physics.data.time == pytest.approx(env.dm_env.physics.data.time)
+    env.close()
+
+
+def test_an_episode_is_500_agent_steps_then_truncated():
+    env = make_single_env(_env_cfg("dmc_reacher_easy"))
+    env.reset(seed=0)
+    zero = np.zeros(2, dtype=np.float32)
+    ends = []
+    for _ in range(500):
+        _, _, terminated, truncated, _ = env.step(zero)
+        ends.append((terminated, truncated))
+    assert ends[:-1] == [(False, False)] * 499 and ends[-1] == (False, True)
+    # 1,000 control steps of 0.02 s: the suite's own time limit, reached at the same step.
+    assert env.unwrapped.dm_env.physics.data.time == pytest.approx(20.0)
+    env.close()
+
+
+def test_step_after_the_end_raises_instead_of_starting_a_new_episode():
+    env = DMCEnv("cartpole", "swingup", action_repeat=500)  # 2 agent steps per episode
+    env.reset(seed=0)
+    assert env.step(np.zeros(1))[3] is False
+    assert env.step(np.zeros(1))[3] is True
+    with pytest.raises(RuntimeError, match="call reset"):
+        env.step(np.zeros(1))
+    env.close()
+
+
+def test_seeded_resets_reproduce_their_initial_state_and_episode():
+    env = make_single_env(_env_cfg("dmc_cup_catch"))
+    actions = np.random.default_rng(0).uniform(-1, 1, size=(20, 2)).astype(np.float32)
+
+    def episode(seed):
+        obs, _ = env.reset(seed=seed)
+        out = [obs["observation.state"]]
+        rewards = []
+        for a in actions:
+            obs, reward, *_ = env.step(a)
+            out.append(obs["observation.state"])
+            rewards.append(reward)
+        return np.stack(out), np.array(rewards)
+
+    first, rewards_first = episode(11)
+    again, rewards_again = episode(11)
+    np.testing.assert_array_equal(first, again)
+    np.testing.assert_array_equal(rewards_first, rewards_again)
+    other, _ = episode(12)
+    assert not np.array_equal(first[0], other[0])
+    # Without a seed the task goes on drawing from its random state: not seed 12's initial state again.
+    unseeded, _ = env.reset()
+    assert not np.array_equal(unseeded["observation.state"], other[0])
+    env.close()
+
+
+def test_bad_task_and_seed_give_one_clear_error():
+    with pytest.raises(ConfigError, match="no DeepMind Control task cartpole/walk"):
+        DMCEnv("cartpole", "walk")
+    with pytest.raises(ConfigError, match="action_repeat=0"):
+        DMCEnv("cartpole", "swingup", action_repeat=0)
+    env = DMCEnv("cartpole", "swingup")
+    with pytest.raises(ValueError, match=r"seeds in \[0, 2\*\*32\)"):
+        env.reset(seed=2**32)
+    env.close()
+
+
+def test_render_rgb_array():
+    env = DMCEnv("cartpole", "swingup", render_mode="rgb_array", render_size=48)
+    env.reset(seed=0)
+    try:
+        frame = env.render()
+    except Exception as e:  # no OpenGL backend on this machine: the envs still work from state
+        pytest.skip(f"no headless OpenGL backend: {e}")
+    assert frame.shape == (48, 48, 3) and frame.dtype == np.uint8 and frame.std() > 0
+    assert DMCEnv("cartpole", "swingup").render() is None
+    env.close()
+
+
+def test_rendering_then_loading_triton_does_not_crash(tmp_path):
+    """A process with torch renders a DMC frame (Mesa's LLVM loads), then imports torch._dynamo (triton):
+    the order that crashed before lerobot.envs.dmc loaded triton first."""
+    code = (
+        "import torch\n"
+        "from lerobot.envs.dmc import DMCEnv\n"
+        "env = DMCEnv('cartpole', 'swingup', render_mode='rgb_array', render_size=16)\n"
+        "env.reset(seed=0)\n"
+        "env.render()\n"
+        "import torch._dynamo\n"
+        "torch.optim.Adam([torch.nn.Parameter(torch.zeros(2))]).step()\n"
+        "print('survived')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True)
+    assert result.returncode == 0 and "survived" in result.stdout, result.stderr[-2000:]
+
+
+def test_vector_envs_sync_and_async_agree_and_workers_stay_torch_free():
+    cfg = _env_cfg("dmc_finger_spin")
+    actions = np.random.default_rng(1).uniform(-1, 1, size=(6, 2, 2)).astype(np.float32)
+    runs = []
+    for use_async in (False, True):
+        env = make_env(cfg, 2, use_async=use_async, render_mode=None)
+        try:
+            obs, _ = env.reset(seed=[5, 6])
+            trace = [obs["observation.state"].copy()]
+            for a in actions:
+                obs, reward, terminated, truncated, _ = env.step(a)
+                trace += [obs["observation.state"].copy(), reward.copy()]
+                assert not terminated.any() and not truncated.any()
+            if use_async:
+                for process in env.processes:
+                    with open(f"/proc/{process.pid}/maps") as f:
+                        assert "libtorch" not in f.read()
+        finally:
+            env.close()
+        runs.append(trace)
+    assert runs[0][0].shape == (2, 9) and not np.array_equal(runs[0][0][0], runs[0][0][1])
+    for sync_part, async_part in zip(*runs):
+        np.testing.assert_array_equal(sync_part, async_part)
+
+
+def test_recipe_holds_the_papers_settings():
+    cfg = compose_config(["+experiment=tdmpc_dmc", "env=dmc_walker_walk"])
+    policy = make_policy_config(cfg.policy, env_config(cfg))
+    assert cfg.env.name == "dmc_walker_walk"
+    assert (policy.num_samples, policy.num_elites, policy.num_pi_trajs, policy.iterations) == (512, 64, 25, 6)
+    assert (policy.horizon, policy.optimizer_lr, policy.min_std) == (5, 1e-3, 0.05)
+    assert (policy.n_q, policy.n_q_min, policy.enc_dim, policy.mlp_dim, policy.discount) == (
+        2,
+        2,
+        256,
+        512,
+        0.99,
+    )
+    t = cfg.training
+    assert (t.steps, t.batch_size, t.learning_starts) == (100_000, 512, 5000)
+    assert (t.n_envs, t.train_freq, t.gradient_steps) == (1, 1, 1)
+    assert (cfg.eval.n_episodes, cfg.eval.freq) == (10, 10_000)
+
+
+def test_tiny_tdmpc_run_through_the_training_command(tmp_path):
+    """The recipe, shrunk, trains a few dozen steps on cartpole-swingup and evaluates by episode return."""
+    run_dir = tmp_path / "run"
+    tiny = [
+        "+experiment=tdmpc_dmc",
+        "env.max_episode_steps=20",
+        "policy.latent_dim=16",
+        "policy.enc_dim=32",
+        "policy.mlp_dim=32",
+        "policy.horizon=3",
+        "policy.iterations=2",
+        "policy.num_samples=16",
+        "policy.num_elites=4",
+        "policy.num_pi_trajs=2",
+        "training.batch_size=8",
+        "training.steps=48",
+        "training.learning_starts=24",
+        "training.log_freq=24",
+        "training.save_freq=48",
+        "eval.freq=48",
+        "eval.n_episodes=2",
+        "eval.batch_size=2",
+        "eval.max_episodes_rendered=0",
+        f"output_dir={run_dir}",
+    ]
+    assert train_main(tiny) == 0
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["split"] == "train"]
+    (evaluation,) = [r for r in records if r["split"] == "eval"]
+    assert [r["step"] for r in train] == [24, 48]
+    assert train[-1]["updates"] == 24 and np.isfinite(train[-1]["loss"])
+    # Two 20-step episodes finished by step 40; DMC pays rewards in [0, 1] per control step.
+    assert train[-1]["episode_length"] == 20 and 0 <= train[-1]["episode_return"] <= 40
+    assert evaluation["step"] == 48 and 0 <= evaluation["avg_sum_reward"] <= 40
