@@ -177,7 +177,7 @@ def _lerobot_stats(st: dict[str, np.ndarray], count: int, image: bool) -> dict[s
 def export_lerobot_dataset(
     converted_dir: Path | str,
     out_dir: Path | str,
-    task: str | None = None,
+    task: str | list[str] | None = None,
     episodes_per_file: int | None = None,
     encoding: VideoEncoding = VideoEncoding(),
     overwrite: bool = False,
@@ -187,7 +187,8 @@ def export_lerobot_dataset(
     Args:
         converted_dir: a dataset in this project's format (holds `meta.json`), e.g. `<cache>/pusht/v1`.
         out_dir: the LeRobotDataset directory to create.
-        task: the task string of every episode (default: the dataset's name).
+        task: the task string of every episode (default: the dataset's name), or one per episode (the
+            tasks table lists them in order of first appearance; `task_index` points into it).
         episodes_per_file: episodes per data parquet / mp4 file (default: all in one file, as LeRobot does
             below its 100 MB / 200 MB file limits).
         encoding: video codec settings (default: LeRobot's AV1 settings).
@@ -214,6 +215,12 @@ def export_lerobot_dataset(
     fps, ends = int(meta["fps"]), np.asarray(meta["episode_ends"], dtype=np.int64)
     starts = np.concatenate([[0], ends[:-1]])
     num_episodes, num_frames = len(ends), int(ends[-1])
+    episode_tasks = [task] * num_episodes if isinstance(task, str) else list(task)
+    if len(episode_tasks) != num_episodes:
+        raise DatasetError(f"{len(episode_tasks)} task strings for {num_episodes} episodes")
+    tasks = list(dict.fromkeys(episode_tasks))  # the tasks table, in order of first appearance
+    episode_task_index = np.array([tasks.index(t) for t in episode_tasks], dtype=np.int64)
+    frame_task_index = np.repeat(episode_task_index, ends - starts)
     per_file = episodes_per_file or num_episodes
     if per_file < 1:
         raise DatasetError(f"episodes_per_file={episodes_per_file} must be >= 1")
@@ -232,7 +239,7 @@ def export_lerobot_dataset(
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     with TemporaryDir(out_dir) as writing:
         tmp = writing.path
-        _write_data(tmp, arrays, numeric_keys, features, starts, ends, file_of, fps)
+        _write_data(tmp, arrays, numeric_keys, features, starts, ends, file_of, frame_task_index)
         for key in video_keys:
             for f in range(int(file_of[-1]) + 1):
                 path = tmp / VIDEO_PATH.format(
@@ -245,22 +252,22 @@ def export_lerobot_dataset(
             k: {n: episode_stats[f"{k}/{n}"] for n in ("count", "sum", "sumsq", "min", "max")}
             for k in features
         }
-        _write_episodes(tmp, task, features, video_keys, stats_of, starts, ends, file_of, fps)
+        _write_episodes(tmp, episode_tasks, features, video_keys, stats_of, starts, ends, file_of, fps)
         total = {
             k: _lerobot_stats(combine_stats(st, np.arange(num_episodes)), num_frames, k in video_keys)
             for k, st in stats_of.items()
         }
-        for key, values in _bookkeeping_columns(arrays, starts, ends).items():
+        for key, values in _bookkeeping_columns(arrays, ends, frame_task_index).items():
             total[key] = _lerobot_stats(_plain_stats(values), num_frames, image=False)
         (tmp / "meta").mkdir(exist_ok=True)
         write_json(tmp / STATS_PATH, total, indent=1, fsync=True)
-        pq.write_table(_tasks_table([task]), tmp / TASKS_PATH)
+        pq.write_table(_tasks_table(tasks), tmp / TASKS_PATH)
         info = {
             "codebase_version": V30,
             "robot_type": None,
             "total_episodes": num_episodes,
             "total_frames": num_frames,
-            "total_tasks": 1,
+            "total_tasks": len(tasks),
             "chunks_size": CHUNKS_SIZE,
             "data_files_size_in_mb": DATA_FILES_SIZE_IN_MB,
             "video_files_size_in_mb": VIDEO_FILES_SIZE_IN_MB,
@@ -282,16 +289,17 @@ def _plain_stats(values: np.ndarray) -> dict[str, np.ndarray]:
 
 
 def _bookkeeping_columns(
-    arrays: dict[str, np.ndarray], starts: np.ndarray, ends: np.ndarray
+    arrays: dict[str, np.ndarray], ends: np.ndarray, task_index: np.ndarray
 ) -> dict[str, np.ndarray]:
-    """LeRobot's per-frame columns: timestamp, frame_index, episode_index, global index, task_index (all 0)."""
+    """LeRobot's per-frame columns: timestamp, frame_index, episode_index, global index, task_index (into the
+    tasks table)."""
     num_frames = int(ends[-1])
     return {
         "timestamp": np.asarray(arrays["timestamp"], dtype=np.float32),
         "frame_index": np.asarray(arrays["frame_index"], dtype=np.int64),
         "episode_index": np.asarray(arrays["episode_index"], dtype=np.int64),
         "index": np.arange(num_frames, dtype=np.int64),
-        "task_index": np.zeros(num_frames, dtype=np.int64),
+        "task_index": task_index,
     }
 
 
@@ -312,10 +320,10 @@ def _write_data(
     starts: np.ndarray,
     ends: np.ndarray,
     file_of: np.ndarray,
-    fps: int,
+    task_index: np.ndarray,
 ) -> None:
-    """One parquet file per group of episodes, one row group per episode."""
-    bookkeeping = _bookkeeping_columns(arrays, starts, ends)
+    """One parquet file per group of episodes, one row group per episode; `task_index` (frames,) per frame."""
+    bookkeeping = _bookkeeping_columns(arrays, ends, task_index)
     for f in range(int(file_of[-1]) + 1):
         eps = np.flatnonzero(file_of == f)
         lo, hi = int(starts[eps[0]]), int(ends[eps[-1]])
@@ -331,7 +339,7 @@ def _write_data(
 
 def _write_episodes(
     out: Path,
-    task: str,
+    tasks: list[str],
     features: dict[str, Any],
     video_keys: list[str],
     stats_of: dict[str, dict[str, np.ndarray]],
@@ -346,7 +354,7 @@ def _write_episodes(
     in_file = np.array([starts[e] - first_of_file[int(file_of[e])] for e in range(num_episodes)])
     columns: dict[str, Any] = {
         "episode_index": np.arange(num_episodes, dtype=np.int64),
-        "tasks": [[task]] * num_episodes,
+        "tasks": [[t] for t in tasks],
         "length": (ends - starts).astype(np.int64),
         "data/chunk_index": (file_of // CHUNKS_SIZE).astype(np.int64),
         "data/file_index": (file_of % CHUNKS_SIZE).astype(np.int64),
