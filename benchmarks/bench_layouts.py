@@ -28,7 +28,7 @@ from lerobot.checkpoints import load_for_run, locate
 from lerobot.cli.compose import checkpoint_config
 from lerobot.compare import paired_difference
 from lerobot.evaluation import evaluate
-from lerobot.policies import policy as policy_module
+from lerobot.policies import acting as policy_module  # where `episode_stream` is looked up
 
 FIGURES = ("avg_max_reward", "avg_max_reward_ci95_low", "avg_max_reward_ci95_high", "pc_success")
 
