@@ -142,7 +142,10 @@ def main() -> None:
     args = parser.parse_args()
     shutil.rmtree(args.out, ignore_errors=True)
     args.out.mkdir(parents=True)
+    # LEROBOT_RECIPE=paper: the runs take the policies' defaults under their overrides on any machine (on a CPU,
+    # recipe=auto would compose the CPU recipe of the policy and env); older trees ignore it.
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0", "PYTHONPATH": str(ROOT)}
+    env["LEROBOT_RECIPE"] = "paper"
     data = [f"dataset.root={args.data_root.resolve()}", f"dataset.cache_dir={args.out / 'cache'}"]
     train = [sys.executable, "scripts/train.py"]
 

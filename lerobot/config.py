@@ -29,6 +29,9 @@ WHOLE_OBSERVATION = "."
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 # Values `device` accepts (resolved by `lerobot.distributed.resolve_device`).
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?|mps")
+# Values `recipe` accepts (the rule: `lerobot.cli.recipes`), and the environment variable holding its default.
+RECIPES = ("auto", "cpu", "paper")
+RECIPE_ENV = "LEROBOT_RECIPE"
 
 
 @dataclass
@@ -403,6 +406,15 @@ class RootConfig:
     seed: int = 1000
     # auto | cpu | cuda | cuda:N | mps. auto: CUDA when present, else MPS (Apple GPU), else the CPU (docs/gpu.md).
     device: str = "auto"
+    # auto | cpu | paper: which model a training run composes. auto: where `device` resolves to the CPU, the CPU
+    # recipe of the chosen policy and env (configs/experiment/*_cpu.yaml) when one exists, else the policy's
+    # defaults (the paper's model); cpu: the CPU recipe on any device; paper: the policy's defaults. An explicit
+    # +experiment=NAME turns the rule off; overrides apply on top (`lerobot.cli.recipes`). Default: $LEROBOT_RECIPE,
+    # else auto.
+    recipe: str = f"${{oc.env:{RECIPE_ENV},auto}}"
+    # The configs/experiment recipe this run was composed with, set at composition (+experiment=NAME or the one
+    # `recipe` picked); null: none, the policy's defaults.
+    recipe_applied: str | None = None
     # Run directory; None: outputs/train/<date>/<time>_<env>_<policy>. Pass an existing one to resume.
     output_dir: str | None = None
     job_name: str | None = None
@@ -447,6 +459,8 @@ def validate_config(cfg: DictConfig | dict) -> DictConfig:
         OmegaConf.update(merged, key, value)
     if not DEVICE_PATTERN.fullmatch(str(merged.device)):
         raise ConfigError(f"device={merged.device!r}: expected auto, cpu, cuda, cuda:N or mps")
+    if merged.recipe not in RECIPES:
+        raise ConfigError(f"recipe={merged.recipe}: expected one of {', '.join(RECIPES)}")
     OmegaConf.to_object(merged.inference).validate()
     return merged
 

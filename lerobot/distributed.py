@@ -79,6 +79,16 @@ _timeout_s = LONG_TIMEOUT.total_seconds()
 _step_timeout = False
 
 
+def auto_device() -> str:
+    """What `device=auto` picks on this machine: `cuda` when a GPU is present, else `mps` (Apple GPU) where
+    available, else `cpu`; nothing is set up."""
+    if torch.cuda.is_available():
+        return "cuda"
+    if torch.backends.mps.is_available():
+        return "mps"
+    return "cpu"
+
+
 def resolve_device(name: str) -> torch.device:
     """The torch device that `device=<name>` asks for (see `RootConfig.device`), set up for use.
 
@@ -87,12 +97,7 @@ def resolve_device(name: str) -> torch.device:
     On CUDA, float32 matmuls and convolutions use TF32 (bf16 autocast is `training.use_amp`).
     """
     if name == "auto":
-        if torch.cuda.is_available():
-            name = "cuda"
-        elif torch.backends.mps.is_available():
-            name = "mps"
-        else:
-            name = "cpu"
+        name = auto_device()
     device = torch.device(name)
     if device.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0

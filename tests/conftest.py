@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from lerobot.config import RECIPE_ENV
 from lerobot.constants import DATA_ROOT_ENV
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -81,6 +82,17 @@ def pusht_data_root() -> Path:
     if os.environ.get("CI"):
         pytest.fail(message)
     pytest.skip(message)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _paper_recipe():
+    """The suite's runs are written against the policies' own defaults, which `recipe=auto` would replace on
+    this CPU by the CPU recipe of the policy and env (lerobot/cli/recipes.py); tests of that rule pass
+    `recipe=` themselves. Subprocesses (torchrun, scripts) inherit it."""
+    patch = pytest.MonkeyPatch()
+    patch.setenv(RECIPE_ENV, "paper")
+    yield
+    patch.undo()
 
 
 @pytest.fixture(scope="session", autouse=True)

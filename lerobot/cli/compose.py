@@ -10,16 +10,21 @@ policy needs no YAML.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lerobot.checkpoints.hub import PretrainedSpec
 from lerobot.checkpoints.run import load_config
+from lerobot.cli.recipes import EXPERIMENT_GROUP, choose_recipe
 from lerobot.config import CONFIG_DIR, RootConfig, old_inference_keys_error
 from lerobot.errors import ConfigError
 from lerobot.policy_registry import available_policies, policy_config_class, validate_run_config
+
+log = logging.getLogger(__name__)
 
 GROUPS = ("env", "policy")
 
@@ -40,9 +45,17 @@ def compose_config(
 
 
 def compose_train_config(overrides: list[str], search_path: Sequence[str | Path] = ()) -> DictConfig:
-    """`compose_config` for a training run: an unset `output_dir` becomes Hydra's `hydra.run.dir`
-    (`outputs/train/<date>/<time>_<env>_<policy>` unless overridden), as Hydra users expect."""
+    """`compose_config` for a training run: the recipe `recipe=auto|cpu|paper` picks is composed under the
+    overrides (`lerobot.cli.recipes`: on a CPU, the CPU recipe of the policy and env), said in one logged
+    line; an unset `output_dir` becomes Hydra's `hydra.run.dir` (`outputs/train/<date>/<time>_<env>_<policy>`
+    unless overridden), as Hydra users expect."""
     cfg, dirs = _compose(overrides, CONFIG_DIR, search_path)
+    choice = choose_recipe(validate_run_config(cfg), dirs["choices"], [CONFIG_DIR, *map(Path, search_path)])
+    if choice.experiment is not None:
+        overrides = [f"+{EXPERIMENT_GROUP}={choice.experiment}", *overrides]
+        cfg, dirs = _compose(overrides, CONFIG_DIR, search_path)
+    if choice.line is not None:
+        log.info(choice.line)
     if cfg.output_dir is None:
         # The default run dir is new at every launch (it holds the time), so it has nothing to resume.
         named = any(o.startswith("hydra.run.dir=") for o in overrides)
@@ -60,9 +73,10 @@ def sweep_dir(overrides: list[str], search_path: Sequence[str | Path] = ()) -> s
 
 def _compose(
     overrides: list[str], config_dir: Path, search_path: Sequence[str | Path]
-) -> tuple[DictConfig, dict[str, str]]:
+) -> tuple[DictConfig, dict[str, Any]]:
     """The composed config without Hydra's own node, and the resolved `hydra.run.dir` and `hydra.sweep.dir`
-    (keys `run`, `sweep`): they name the env and the policy, which only the whole config knows."""
+    (keys `run`, `sweep`: they name the env and the policy, which only the whole config knows) and Hydra's
+    group choices (key `choices`: `{"env": "pusht", "policy": "diffusion", "experiment": ..., ...}`)."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
@@ -75,10 +89,15 @@ def _compose(
         with initialize_config_dir(config_dir=str(Path(config_dir).resolve()), version_base=None):
             cfg = compose(config_name="default", overrides=overrides, return_hydra_config=True)
             out = {"run": str(cfg.hydra.run.dir), "sweep": str(cfg.hydra.sweep.dir)}
+            out["choices"] = dict(cfg.hydra.runtime.choices)
     except (HydraException, OmegaConfBaseException) as e:
         raise ConfigError(_hydra_message(e, dirs)) from None
     with open_dict(cfg):
         del cfg["hydra"]
+    # What the run was composed with is part of its record: the recipe asked for (as a plain value, not the
+    # environment default it may come from) and the experiment file composed, if any.
+    cfg.recipe = str(cfg.recipe)
+    cfg.recipe_applied = out["choices"].get(EXPERIMENT_GROUP)
     return cfg, out
 
 

@@ -12,8 +12,20 @@ import datetime as dt
 import json
 from pathlib import Path
 
+from omegaconf import DictConfig
+from tqdm.contrib.logging import logging_redirect_tqdm
+
 from lerobot import distributed
-from lerobot.checkpoints import load_for_run, locate, read_spec
+from lerobot.checkpoints import Source, load_for_run, locate, read_spec
+from lerobot.cli.catalog import (
+    EVAL_SETTINGS,
+    HYDRA_HELP,
+    add_hydra_flags,
+    catalog,
+    config_dirs,
+    config_yaml,
+    info_text,
+)
 from lerobot.cli.compose import checkpoint_config, compose_config, pretrained_config
 from lerobot.cli.exit import run_command
 from lerobot.cli.train import add_config_dir_argument
@@ -58,8 +70,22 @@ def _default_output_dir(env_name: str, policy_name: str) -> Path:
             path = base.with_name(f"{base.name}_{n}")
 
 
+DESCRIPTION = """\
+Evaluate a checkpoint (a run, checkpoint or hub-layout directory) or a baseline policy (policy=random,
+policy=scripted) over eval.n_episodes episodes; every setting is a Hydra override (KEY=VALUE, env=NAME)."""
+EXAMPLES = (
+    "python scripts/eval.py --checkpoint outputs/train/<run> eval.n_episodes=500 eval.batch_size=50",
+    "python scripts/eval.py policy=random env=pusht eval.n_episodes=10 eval.batch_size=5",
+    "python scripts/eval.py --checkpoint outputs/train/<run> --cfg job   # print the config, evaluate nothing",
+)
+
+
 def _eval(argv: list[str] | None) -> int:
-    parser = argparse.ArgumentParser(description="Evaluate a checkpoint or a baseline policy.")
+    parser = argparse.ArgumentParser(
+        description=DESCRIPTION,
+        epilog=catalog(config_dirs(argv), EVAL_SETTINGS, EXAMPLES, experiments=False),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument(
         "--checkpoint",
         type=Path,
@@ -79,39 +105,39 @@ def _eval(argv: list[str] | None) -> int:
         help="evaluate the optimizer's own weights of a run trained with EMA, not the averaged ones",
     )
     add_config_dir_argument(parser)
+    add_hydra_flags(parser)
     parser.add_argument("overrides", nargs="*", help="e.g. eval.n_episodes=50 eval.batch_size=10 device=cpu")
     args = parser.parse_intermixed_args(argv)
+    if args.hydra_help:
+        print(HYDRA_HELP, end="")
+        return 0
+    if args.cfg or args.info:  # the config only: no weights are loaded, nothing is written
+        cfg, _ = _config(args)
+        source = f"checkpoint {args.checkpoint}" if args.checkpoint else "configs/default.yaml + overrides"
+        print(config_yaml(cfg) if args.cfg else info_text(cfg, config_dirs(argv), source) + "\n", end="")
+        return 0
     out_dir = _eval_output_dir(args.output_dir, args.overrides)
     if out_dir is not None:  # before anything is loaded: an evaluation must not replace another silently
         _check_output_dir(out_dir, args.overwrite)
 
     # Under torchrun every process evaluates its share of the episodes (see `evaluate`).
-    if args.checkpoint is not None:
-        source = locate(args.checkpoint)
-        if source.run:
-            cfg = checkpoint_config(source.path, args.overrides, search_path=args.config_dir)
-        else:  # a hub-layout directory (save_pretrained's or a LeRobot pretrained_model) or repo
-            cfg = pretrained_config(read_spec(source.path), args.overrides, search_path=args.config_dir)
+    cfg, source = _config(args)
+    if source is not None:
         # Checks the env's features before building the device.
         policy = load_for_run(source, cfg, args.raw_weights)
         device = distributed.init(distributed.resolve_device(cfg.device))
         policy = policy.to(device)
     else:
-        if args.raw_weights:
-            raise ConfigError("--raw-weights reads a checkpoint's training state: pass --checkpoint DIR")
-        cfg = compose_config(args.overrides, search_path=args.config_dir)
-        policy_cfg = policy_config(cfg)
-        if policy_cfg.training_mode != "none":
-            raise ConfigError(f"policy {policy_cfg.name!r} needs trained weights: pass --checkpoint DIR")
         device = distributed.init(distributed.resolve_device(cfg.device))
-        policy = make_policy(policy_cfg).to(device)
+        policy = make_policy(policy_config(cfg)).to(device)
     distributed.set_seed(cfg.seed)
     env_cfg = env_config(cfg)
     if out_dir is None:  # one name for all processes
         out_dir = distributed.on_main(lambda: _default_output_dir(env_cfg.name, cfg.policy.name))
     elif args.overwrite and distributed.is_main():
         remove_evaluation(out_dir)
-    info = evaluate(cfg, policy, Path(out_dir), progress=True)
+    with logging_redirect_tqdm():  # log lines above the progress bar, not on its line
+        info = evaluate(cfg, policy, Path(out_dir), progress=True)
     if not distributed.is_main():
         return 0
     print(json.dumps(info["aggregated"], indent=2))
@@ -119,6 +145,23 @@ def _eval(argv: list[str] | None) -> int:
     if cfg.eval.get("record_dataset") is not None:
         print(f"recorded the episodes as a LeRobotDataset in {cfg.eval.record_dataset}")
     return 0
+
+
+def _config(args: argparse.Namespace) -> tuple[DictConfig, Source | None]:
+    """The evaluation's validated config, and the checkpoint its weights come from (None: a baseline)."""
+    if args.checkpoint is not None:
+        source = locate(args.checkpoint)
+        if source.run:
+            return checkpoint_config(source.path, args.overrides, search_path=args.config_dir), source
+        # A hub-layout directory (save_pretrained's or a LeRobot pretrained_model) or repo.
+        return pretrained_config(read_spec(source.path), args.overrides, search_path=args.config_dir), source
+    if args.raw_weights:
+        raise ConfigError("--raw-weights reads a checkpoint's training state: pass --checkpoint DIR")
+    cfg = compose_config(args.overrides, search_path=args.config_dir)
+    policy_cfg = policy_config(cfg)
+    if policy_cfg.training_mode != "none":
+        raise ConfigError(f"policy {policy_cfg.name!r} needs trained weights: pass --checkpoint DIR")
+    return cfg, None
 
 
 def eval_main(argv: list[str] | None = None) -> int:

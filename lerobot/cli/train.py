@@ -6,8 +6,19 @@ import argparse
 import sys
 from pathlib import Path
 
+from tqdm.contrib.logging import logging_redirect_tqdm
+
 from lerobot import distributed
 from lerobot.checkpoints.run import latest_checkpoint
+from lerobot.cli.catalog import (
+    HYDRA_HELP,
+    TRAIN_SETTINGS,
+    add_hydra_flags,
+    catalog,
+    config_dirs,
+    config_yaml,
+    info_text,
+)
 from lerobot.cli.compose import compose_train_config
 from lerobot.cli.exit import run_command
 from lerobot.cli.sweep import run_sweep
@@ -15,12 +26,27 @@ from lerobot.errors import ConfigError
 from lerobot.runtime.signals import EXIT_CODES, stop_on_signals
 from lerobot.training import train
 
+DESCRIPTION = """\
+Train a policy. Every setting is a Hydra override (KEY=VALUE, GROUP=NAME). On a machine without a GPU,
+recipe=auto (the default) trains the CPU recipe of the chosen policy and env where one exists, and says so
+in one line at start-up; recipe=paper trains the paper-size model."""
+EXAMPLES = (
+    "python scripts/train.py policy=diffusion env=pusht                 # the main job",
+    "python scripts/train.py policy=diffusion env=pusht recipe=paper    # the paper-size model",
+    "python scripts/train.py policy=act env=pusht_keypoints eval.freq=2000",
+    "python scripts/train.py --cfg job policy=tdmpc env=pusht_keypoints # print the config, train nothing",
+    "python scripts/train.py -m env=pusht_keypoints seed=1,2,3          # a sweep (docs/sweeps.md)",
+)
+
 
 def _train(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(
-        description="Train a policy.", epilog="example: policy=diffusion env=pusht training.steps=1000"
+        description=DESCRIPTION,
+        epilog=catalog(config_dirs(argv), TRAIN_SETTINGS, EXAMPLES),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_config_dir_argument(parser)
+    add_hydra_flags(parser)
     parser.add_argument(
         "-m",
         "--multirun",
@@ -32,6 +58,11 @@ def _train(argv: list[str] | None) -> int:
         "overrides", nargs="*", help="Hydra overrides, e.g. policy=diffusion env=pusht training.steps=100"
     )
     args = parser.parse_intermixed_args(argv)
+    if args.hydra_help:
+        print(HYDRA_HELP, end="")
+        return 0
+    if args.multirun and (args.cfg or args.info):
+        raise ConfigError("--cfg job and --info show one run's config: drop -m and pass one job's values")
     if args.multirun:
         if distributed.world_size() > 1:
             raise ConfigError("a sweep (-m) launches its own jobs, one process each; run it without torchrun")
@@ -43,7 +74,14 @@ def _train(argv: list[str] | None) -> int:
             "eval.record_dataset records the episodes of scripts/eval.py; evaluate the trained checkpoint "
             "with it (scripts/eval.py --checkpoint <run> eval.record_dataset=DIR)"
         )
-    with stop_on_signals() as stop:
+    if args.cfg:  # Hydra's --cfg job: the config this command would train with, then nothing else
+        print(config_yaml(cfg), end="")
+        return 0
+    if args.info:
+        print(info_text(cfg, config_dirs(argv), "configs/default.yaml + overrides"))
+        return 0
+    # Log lines go above the progress bar, each on its own line (not onto the bar's line).
+    with stop_on_signals() as stop, logging_redirect_tqdm():
         run_dir = train(cfg)
     if stop.stopped_at is not None:
         # On N processes every one stopped at that step, for the signal of the lowest rank that got one.
@@ -66,7 +104,7 @@ def add_config_dir_argument(parser: argparse.ArgumentParser) -> None:
         type=Path,
         action="append",
         default=[],
-        help="extra config directory with env/ and policy/ YAML files (repeatable)",
+        help="extra config directory with env/, policy/ and experiment/ YAML files (repeatable)",
     )
 
 
