@@ -139,6 +139,7 @@ def test_the_environment_sets_the_default_and_the_command_line_wins(on_cpu, monk
 
 def test_a_cpu_recipe_in_a_config_dir_is_found_and_two_for_one_pair_are_refused(on_cpu, tmp_path):
     (tmp_path / "experiment").mkdir()
+    (tmp_path / "env").mkdir()  # a config dir holds env/ or policy/ (compose.check_config_dirs)
     recipe = "# @package _global_\n# TD-MPC on Pendulum, tiny.\ndefaults:\n  - override /env: pendulum\n"
     recipe += "  - override /policy: tdmpc\ntraining:\n  steps: 7\n"
     (tmp_path / "experiment" / "tdmpc_pendulum_cpu.yaml").write_text(recipe)
@@ -283,3 +284,13 @@ def test_eval_cfg_job_of_a_checkpoint_shows_its_config_with_the_overrides(tiny_r
     assert not (tmp_path / "e").exists()
     assert eval_main(["--checkpoint", str(run_dir), "--info"]) == 0
     assert f"checkpoint {run_dir}" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------------- the front page
+def test_the_readme_states_the_rule_on_its_first_screen_and_keeps_the_ci_command():
+    readme = (REPO_ROOT / "README.md").read_text()
+    first_screen = "\n".join(readme.splitlines()[:40])
+    assert "python scripts/train.py policy=diffusion env=pusht" in first_screen
+    assert "recipe=paper" in first_screen and "CPU recipe" in first_screen
+    assert "--index-url https://download.pytorch.org/whl/cpu" in first_screen
+    assert 'pip install -e ".[test]" && python -m pytest -q' in readme
