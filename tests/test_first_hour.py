@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 from omegaconf import OmegaConf
 from test_dataset import ZARR, write_fake_zarr
 from test_train import TINY
@@ -22,6 +23,7 @@ from lerobot.cli.recipes import cpu_recipes, recipe_choices
 from lerobot.config import CONFIG_DIR, RECIPE_ENV
 from lerobot.errors import ConfigError
 from lerobot.policy_registry import available_policies
+from lerobot.training.update import CpuPace, cpu_run_estimate
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MAIN = ["policy=diffusion", "env=pusht"]  # the README's main command
@@ -187,6 +189,18 @@ def test_the_saved_config_records_the_recipe_and_the_start_up_says_it_once(tiny_
     assert saved.recipe == "cpu" and saved.recipe_applied == "diffusion_pusht_keypoints_cpu"
     assert saved.policy.optimizer_lr == 3e-4 and list(saved.policy.down_dims) == [16, 32]
     assert len([line for line in lines if line.startswith("recipe: ")]) == 1
+    assert len([line for line in lines if line.startswith("estimate: ")]) == 1  # after step 3 of 4
+
+
+def test_a_cpu_run_estimates_its_time_once_after_its_first_steps(caplog):
+    pace = CpuPace(torch.device("cpu"), steps_left=16_000)
+    with caplog.at_level(logging.INFO, logger="lerobot.training.update"):
+        for _ in range(5):
+            pace.step()
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith("estimate: the training steps take about ") and "15,997 steps left" in line
+    assert "about 1.7 hours more" in cpu_run_estimate(step_s=0.39, steps_left=16_000)  # the image recipe
+    assert "about 12 minutes more" in cpu_run_estimate(step_s=0.146, steps_left=5_000)
 
 
 def test_the_same_command_resumes_its_run(tiny_run):

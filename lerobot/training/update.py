@@ -323,9 +323,20 @@ def cpu_run_warning(step_s: float, steps_left: int) -> str | None:
     )
 
 
+def cpu_run_estimate(step_s: float, steps_left: int) -> str:
+    """The line that estimates the rest of a CPU run: `steps_left` more steps at `step_s` seconds each."""
+    minutes = step_s * steps_left / 60
+    span = f"{minutes / 60:,.1f} hours" if minutes >= 90 else f"{max(minutes, 1):,.0f} minutes"
+    return (
+        f"estimate: the training steps take about {span} more on the CPU ({step_s:.2f} s per step, "
+        f"{steps_left:,} steps left; evaluations aside)"
+    )
+
+
 class CpuPace:
     """Measures the first steps of a CPU run (after `warm_up` steps, which include one-time setup) and logs
-    `cpu_run_warning` once, early, when the run would take far too long. Does nothing off the CPU."""
+    once, early, `cpu_run_warning` when the run would take far too long, else `cpu_run_estimate`. Does
+    nothing off the CPU."""
 
     def __init__(self, device: torch.device, steps_left: int, warm_up: int = 1, measured: int = 2):
         self.active = device.type == "cpu" and steps_left > warm_up + measured
@@ -335,7 +346,7 @@ class CpuPace:
         self._start = 0.0
 
     def step(self) -> None:
-        """Count one finished step; after `warm_up + measured` of them, log the warning if it applies."""
+        """Count one finished step; after `warm_up + measured` of them, log the warning or the estimate."""
         if not self.active:
             return
         self.done += 1
@@ -347,3 +358,5 @@ class CpuPace:
             warning = cpu_run_warning(step_s, self.steps_left - self.done)
             if warning is not None:
                 log.warning(warning)
+            else:
+                log.info(cpu_run_estimate(step_s, self.steps_left - self.done))
