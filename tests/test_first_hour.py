@@ -20,6 +20,7 @@ from test_train import TINY
 from lerobot.cli import compose_train_config, eval_main, train_main
 from lerobot.cli.compose import group_options
 from lerobot.cli.recipes import cpu_recipes, recipe_choices
+from lerobot.cli.sweep import sweep_jobs, sweep_recipe
 from lerobot.config import CONFIG_DIR, RECIPE_ENV
 from lerobot.errors import ConfigError
 from lerobot.policy_registry import available_policies
@@ -207,6 +208,29 @@ def test_the_same_command_resumes_its_run(tiny_run):
     run_dir, args, _ = tiny_run
     assert train_main([*[a for a in args if not a.startswith("training.steps=")], "training.steps=5"]) == 0
     assert (run_dir / "checkpoints" / "000000005").is_dir()
+
+
+# ------------------------------------------------------------------------------------------- sweeps
+def test_a_sweep_composes_one_recipe_for_all_its_jobs(on_cpu, caplog):
+    jobs = sweep_jobs(["policy=diffusion", "env=pusht_keypoints", "recipe=auto", "seed=1,2"])
+    with caplog.at_level(logging.INFO, logger="lerobot.cli.sweep"):
+        assert sweep_recipe(jobs) == "diffusion_pusht_keypoints_cpu"
+    assert len([r for r in caplog.records if r.getMessage().startswith("recipe: ")]) == 1
+    assert sweep_recipe(sweep_jobs(["env=pusht_keypoints", "recipe=paper", "seed=1,2"])) is None
+    with pytest.raises(ConfigError, match="recipe=auto picks a different recipe per job of this sweep"):
+        sweep_recipe(sweep_jobs(["policy=diffusion", "env=pusht,pusht_keypoints", "recipe=auto"]))
+
+
+def test_each_job_of_a_sweep_records_its_recipe(tiny_run, tmp_path):
+    _, args, _ = tiny_run
+    data = [a for a in args if a.startswith("dataset.")]
+    job = [*TINY, "env=pusht_keypoints", *data, "recipe=cpu", "training.steps=2", "training.save_freq=2"]
+    sweep = tmp_path / "sweep"
+    assert train_main(["-m", *job, "eval.freq=0", "seed=1,2", f"hydra.sweep.dir={sweep}"]) == 0
+    for n in ("0", "1"):
+        saved = OmegaConf.load(sweep / n / "checkpoints" / "last" / "config.yaml")
+        assert saved.recipe == "cpu" and saved.recipe_applied == "diffusion_pusht_keypoints_cpu"
+        assert saved.policy.optimizer_lr == 3e-4 and saved.training.steps == 2
 
 
 # ------------------------------------------------------------------------------------ Hydra's flags

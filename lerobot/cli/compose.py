@@ -11,7 +11,7 @@ policy needs no YAML.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lerobot.checkpoints.hub import PretrainedSpec
 from lerobot.checkpoints.run import load_config
-from lerobot.cli.recipes import EXPERIMENT_GROUP, choose_recipe
+from lerobot.cli.recipes import EXPERIMENT_GROUP, RecipeChoice, choose_recipe
 from lerobot.config import CONFIG_DIR, RootConfig, old_inference_keys_error
 from lerobot.errors import ConfigError
 from lerobot.policy_registry import available_policies, policy_config_class, validate_run_config
@@ -49,13 +49,12 @@ def compose_train_config(overrides: list[str], search_path: Sequence[str | Path]
     overrides (`lerobot.cli.recipes`: on a CPU, the CPU recipe of the policy and env), said in one logged
     line; an unset `output_dir` becomes Hydra's `hydra.run.dir` (`outputs/train/<date>/<time>_<env>_<policy>`
     unless overridden), as Hydra users expect."""
-    cfg, dirs = _compose(overrides, CONFIG_DIR, search_path)
-    choice = choose_recipe(validate_run_config(cfg), dirs["choices"], [CONFIG_DIR, *map(Path, search_path)])
+    choice = recipe_choice(overrides, search_path)
     if choice.experiment is not None:
         overrides = [f"+{EXPERIMENT_GROUP}={choice.experiment}", *overrides]
-        cfg, dirs = _compose(overrides, CONFIG_DIR, search_path)
     if choice.line is not None:
         log.info(choice.line)
+    cfg, dirs = _compose(overrides, CONFIG_DIR, search_path)
     if cfg.output_dir is None:
         # The default run dir is new at every launch (it holds the time), so it has nothing to resume.
         named = any(o.startswith("hydra.run.dir=") for o in overrides)
@@ -63,6 +62,13 @@ def compose_train_config(overrides: list[str], search_path: Sequence[str | Path]
             raise ConfigError("training.resume=true needs output_dir=<run directory of the run to resume>")
         cfg.output_dir = dirs["run"]
     return validate_run_config(cfg)
+
+
+def recipe_choice(overrides: Sequence[str], search_path: Sequence[str | Path] = ()) -> RecipeChoice:
+    """What `recipe=auto|cpu|paper` picks for a training run composed from `overrides`: the recipe to compose
+    under them, if any, and the start-up line (`lerobot.cli.recipes.choose_recipe`)."""
+    cfg, dirs = _compose(list(overrides), CONFIG_DIR, search_path)
+    return choose_recipe(validate_run_config(cfg), dirs["choices"], [CONFIG_DIR, *map(Path, search_path)])
 
 
 def sweep_dir(overrides: list[str], search_path: Sequence[str | Path] = ()) -> str:
@@ -94,11 +100,16 @@ def _compose(
         raise ConfigError(_hydra_message(e, dirs)) from None
     with open_dict(cfg):
         del cfg["hydra"]
-    # What the run was composed with is part of its record: the recipe asked for (as a plain value, not the
-    # environment default it may come from) and the experiment file composed, if any.
-    cfg.recipe = str(cfg.recipe)
-    cfg.recipe_applied = out["choices"].get(EXPERIMENT_GROUP)
+    record_composition(cfg, out["choices"])
     return cfg, out
+
+
+def record_composition(cfg: DictConfig, choices: Mapping[str, str | None]) -> None:
+    """Write into `cfg` what it was composed with, part of the run's record: the recipe asked for (a plain
+    value, not the environment default it may come from) and the experiment file of Hydra's group `choices`
+    (None when none)."""
+    cfg.recipe = str(cfg.recipe)
+    cfg.recipe_applied = choices.get(EXPERIMENT_GROUP)
 
 
 def _refuse_old_inference_overrides(overrides: Sequence[str]) -> None:

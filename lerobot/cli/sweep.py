@@ -19,7 +19,13 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from lerobot.cli.compose import compose_config, search_path_override, sweep_dir
+from lerobot.cli.compose import (
+    compose_config,
+    recipe_choice,
+    record_composition,
+    search_path_override,
+    sweep_dir,
+)
 from lerobot.config import CONFIG_DIR
 from lerobot.errors import EXPECTED_ERRORS, ConfigError
 from lerobot.policy_registry import validate_run_config
@@ -62,6 +68,28 @@ def check_jobs(overrides: Sequence[str], search_path: Sequence[Path] = ()) -> li
     return configs
 
 
+def sweep_recipe(jobs: Sequence[Sequence[str]], search_path: Sequence[Path] = ()) -> str | None:
+    """The recipe that `recipe=auto|cpu|paper` picks for the jobs of a sweep, one for all (its start-up line
+    logged once); None when it picks none. Jobs it would give different recipes (a sweep over policies or
+    envs on a CPU) are refused: a sweep composes one recipe under every job's values."""
+    choices = {recipe_choice(job, search_path) for job in jobs}
+    picked = {choice.experiment for choice in choices}
+    if len(picked) > 1:
+        names = ", ".join(sorted(str(name or "the policy defaults") for name in picked))
+        raise ConfigError(
+            f"recipe={_recipe_of(jobs[0])} picks a different recipe per job of this sweep ({names}); sweep one "
+            "policy and env at a time, or pass recipe=paper (the policy defaults for every job)"
+        )
+    for line in sorted({choice.line for choice in choices if choice.line is not None}):
+        log.info(line)
+    return picked.pop()
+
+
+def _recipe_of(job: Sequence[str]) -> str:
+    """The value of `recipe=` in a job's overrides (`auto` when it has none: the usual default)."""
+    return next((o.partition("=")[2] for o in reversed(job) if o.startswith("recipe=")), "auto")
+
+
 def train_job(cfg: DictConfig) -> dict[str, Any]:
     """Hydra's task function for one job: train into the job's directory; report, never raise.
 
@@ -70,6 +98,7 @@ def train_job(cfg: DictConfig) -> dict[str, Any]:
     from hydra.core.hydra_config import HydraConfig
 
     run_dir = HydraConfig.get().runtime.output_dir
+    record_composition(cfg, HydraConfig.get().runtime.choices)
     if _stopped_by is not None:  # a stop signal ended an earlier job of this process: start no more
         return {"status": "not run", "error": f"the sweep was stopped by {_stopped_by}", "run_dir": run_dir}
     try:
@@ -125,6 +154,9 @@ def run_sweep(overrides: Sequence[str], search_path: Sequence[Path] = ()) -> int
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
+    experiment = sweep_recipe(sweep_jobs(overrides), search_path)
+    if experiment is not None:
+        overrides = [f"+experiment={experiment}", *overrides]
     check_jobs(overrides, search_path)
     # One directory for the whole sweep, resolved here once: Hydra resolves `hydra.sweep.dir` again for every
     # job, with that job's config, so the default (which names the env and the policy) would put the jobs of
