@@ -36,6 +36,9 @@ VISUAL = "visual"
 STATE = "state"
 ENV_STATE = "env_state"
 ACTION_KIND = "action"
+# An integer input naming the episode's task (a multi-task env's `observation.task_index`): policies that
+# serve several tasks embed it; normalization passes it through.
+TASK = "task"
 
 # How `eval_policy` starts the next episode in a slot whose episode ended (see lerobot/rollout.py).
 EVAL_SCHEDULES = ("refill", "refill_aligned", "batch")

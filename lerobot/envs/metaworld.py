@@ -139,7 +139,7 @@ class MetaWorldEnv(gym.Env):
         self._renders = obs_type != "state" or render_mode is not None
         self._env: Any = None  # the current task's MetaWorld env
         self._task: str | None = None
-        self._task_index = np.zeros(1, dtype=np.int64)
+        self._task_index = np.zeros((), dtype=np.int64)
 
         hand_low, hand_high = _hand_bounds()
         # Hand position and gripper opening are bounded; object poses, the previous frame's object poses
@@ -149,16 +149,21 @@ class MetaWorldEnv(gym.Env):
         for start in (0, 18):
             low[start : start + 3], high[start : start + 3] = hand_low, hand_high
             low[start + 3], high[start + 3] = -1.0, 1.0
-        task_space = spaces.Box(0, len(ALL_TASKS) - 1, shape=(1,), dtype=np.int64)
+        task_space = spaces.Box(0, len(ALL_TASKS) - 1, shape=(), dtype=np.int64)
+        agent_space = spaces.Box(low[:AGENT_POS_DIM], high[:AGENT_POS_DIM], dtype=np.float64)
         if obs_type == "state":
             self.observation_space = spaces.Dict(
-                {"state": spaces.Box(low, high, dtype=np.float64), "task_index": task_space}
+                {
+                    "state": spaces.Box(low, high, dtype=np.float64),
+                    "agent_pos": agent_space,
+                    "task_index": task_space,
+                }
             )
         else:
             self.observation_space = spaces.Dict(
                 {
                     "pixels": spaces.Box(0, 255, shape=(self.height, self.width, 3), dtype=np.uint8),
-                    "agent_pos": spaces.Box(low[:AGENT_POS_DIM], high[:AGENT_POS_DIM], dtype=np.float64),
+                    "agent_pos": agent_space,
                     "task_index": task_space,
                 }
             )
@@ -195,13 +200,15 @@ class MetaWorldEnv(gym.Env):
             env.model.light_castshadow[:] = 0
             env.model.vis.quality.offsamples = 0
         self._env, self._task = env, name
-        self._task_index[0] = ALL_TASKS.index(name)
+        self._task_index[()] = ALL_TASKS.index(name)
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         """Start an episode of the task and initial state that `seed` names (a random one without a seed)."""
         super().reset(seed=seed)
         if seed is None:
-            seed = task_seed(int(self.np_random.integers(len(self.tasks))), int(self.np_random.integers(2**31)))
+            seed = task_seed(
+                int(self.np_random.integers(len(self.tasks))), int(self.np_random.integers(2**31))
+            )
         position, episode_seed = split_task_seed(seed)
         if position >= len(self.tasks):
             raise ValueError(
@@ -221,9 +228,10 @@ class MetaWorldEnv(gym.Env):
 
     def _observation(self, state: np.ndarray) -> dict[str, np.ndarray]:
         task_index = self._task_index.copy()
+        agent_pos = state[:AGENT_POS_DIM].astype(np.float64)
         if self.obs_type == "state":
-            return {"state": state.astype(np.float64), "task_index": task_index}
-        return {"pixels": self.render(), "agent_pos": state[:AGENT_POS_DIM].copy(), "task_index": task_index}
+            return {"state": state.astype(np.float64), "agent_pos": agent_pos, "task_index": task_index}
+        return {"pixels": self.render(), "agent_pos": agent_pos, "task_index": task_index}
 
     def render(self) -> np.ndarray:
         """The camera image (H, W, 3) uint8, right side up."""

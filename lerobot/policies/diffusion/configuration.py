@@ -68,6 +68,9 @@ class DiffusionConfig(PolicyConfig):
     n_groups: int = 8
     diffusion_step_embed_dim: int = 128
     use_film_scale_modulation: bool = True
+    # Multi-task envs (an input of kind `task`, e.g. MetaWorld's `observation.task_index`): the task id's
+    # learned embedding joins the U-Net's global conditioning. Unused by a single-task env.
+    task_embedding_dim: int = 32
 
     # Noise schedule (training). DDPM and DDIM share it; the name only picks the scheduler class.
     noise_scheduler_type: str = "DDPM"
@@ -157,6 +160,8 @@ class DiffusionConfig(PolicyConfig):
                 )
         if self.kernel_size < 1 or self.kernel_size % 2 == 0:
             raise ConfigError(f"policy.kernel_size={self.kernel_size} must be odd (same-length convolutions)")
+        if self.task_embedding_dim < 1:
+            raise ConfigError(f"policy.task_embedding_dim={self.task_embedding_dim} must be >= 1")
         if self.diffusion_step_embed_dim % 2:
             raise ConfigError(f"policy.diffusion_step_embed_dim={self.diffusion_step_embed_dim} must be even")
 

@@ -126,10 +126,16 @@ class DiffusionPolicy(Policy):
             self.rgb_encoder = RgbEncoder(config)
             per_step_dim += len(self.image_keys) * self.rgb_encoder.feature_dim
         self.action_key = config.action_key
+        global_cond_dim = per_step_dim * config.n_obs_steps
+        task = config.task_feature
+        self.task_key = task[0] if task else None
+        if task is not None:  # one policy for several tasks: which one it runs joins the conditioning
+            self.task_embedding = nn.Embedding(task[1], config.task_embedding_dim)
+            global_cond_dim += config.task_embedding_dim
 
         self.unet = ConditionalUnet1D(
             action_dim=config.action_dim,
-            global_cond_dim=per_step_dim * config.n_obs_steps,
+            global_cond_dim=global_cond_dim,
             down_dims=config.down_dims,
             kernel_size=config.kernel_size,
             n_groups=config.n_groups,
@@ -141,7 +147,8 @@ class DiffusionPolicy(Policy):
 
     # ------------------------------------------------------------------ conditioning
     def _check_obs(self, batch: Mapping[str, Tensor]) -> None:
-        keys = [*self.image_keys, self.state_key] + ([self.env_state_key] if self.env_state_key else [])
+        keys = [*self.image_keys, self.state_key]
+        keys += [key for key in (self.env_state_key, self.task_key) if key is not None]
         for key in keys:
             if key not in batch:
                 raise KeyError(f"diffusion policy needs {key!r} in the batch, got {sorted(batch)}")
@@ -156,7 +163,8 @@ class DiffusionPolicy(Policy):
         """Normalized observations `(B, n_obs_steps, ...)` -> flattened features `(B, n_obs_steps * F)`.
 
         Per step: `[state, env_state?, camera features...]`; images of all steps and cameras go through the
-        encoder (`image_encoder`, default `self.rgb_encoder`) as one batch.
+        encoder (`image_encoder`, default `self.rgb_encoder`) as one batch. A multi-task policy appends its
+        task's embedding `(B, task_embedding_dim)` once (the newest step's task id; an episode keeps one task).
         """
         parts = [batch[self.state_key]]  # (B, S, D_state)
         if self.env_state_key is not None:
@@ -168,7 +176,11 @@ class DiffusionPolicy(Policy):
             features = (image_encoder or self.rgb_encoder)(flat)  # (B*S*N_cam, F)
             parts.append(einops.rearrange(features, "(b s n) f -> b s (n f)", b=batch_size, s=steps))
         per_step = torch.cat([p.float() for p in parts], dim=-1)  # (B, S, F)
-        return einops.rearrange(per_step, "b s f -> b (s f)")
+        cond = einops.rearrange(per_step, "b s f -> b (s f)")
+        if self.task_key is None:
+            return cond
+        task_ids = batch[self.task_key][:, -1].round().long()  # (B,)
+        return torch.cat([cond, self.task_embedding(task_ids).float()], dim=-1)
 
     # ------------------------------------------------------------------ training
     def draw_training_noise(self, n: int) -> dict[str, Tensor]:
