@@ -27,9 +27,10 @@ from lerobot.policies.policy import Policy
 
 log = logging.getLogger(__name__)
 
-# A CPU run whose measured pace puts its end further away than this gets a warning naming `CPU_RECIPE`.
+# A CPU run whose measured pace puts its end further away than this gets a warning naming `CPU_RECIPE`, the
+# override that composes the CPU recipe of the policy and env (lerobot/cli/recipes.py).
 CPU_WARN_HOURS = 6.0
-CPU_RECIPE = "+experiment=diffusion_pusht_keypoints_cpu"
+CPU_RECIPE = "recipe=auto"
 GPU_RECIPE = "+experiment=diffusion_pusht_gpu"
 
 
@@ -318,8 +319,8 @@ def cpu_run_warning(step_s: float, steps_left: int) -> str | None:
         return None
     return (
         f"on the CPU this run takes about {hours:,.0f} hours ({step_s:.2f} s per step, {steps_left:,} steps "
-        f"left); the paper-size models need a GPU ({GPU_RECIPE}). A recipe sized for a CPU: {CPU_RECIPE} "
-        "(Diffusion Policy on PushT keypoints, about an hour on 2 cores); or lower training.steps"
+        f"left); the paper-size models need a GPU ({GPU_RECIPE}); on a CPU, {CPU_RECIPE} trains the CPU recipe "
+        "of the policy and env where there is one (1 to 3 hours on 2 idle cores); or lower training.steps"
     )
 
 
