@@ -270,3 +270,30 @@ def test_single_env_of_the_family_builds_from_its_config():
         assert obs["observation.environment_state"].shape == (39,)
     finally:
         env.close()
+
+
+def test_act_reads_the_task_as_one_more_encoder_token():
+    cfg = compose_config(
+        ["+experiment=act_metaworld_mt10_cpu", "policy.dim_model=16", "policy.dim_feedforward=32"]
+    )
+    stats = {
+        key: {
+            "mean": torch.zeros(dim),
+            "std": torch.ones(dim),
+            "min": -torch.ones(dim),
+            "max": torch.ones(dim),
+        }
+        for key, dim in (("observation.state", 4), ("observation.environment_state", 39), ("action", 4))
+    }
+    policy = make_policy(policy_config(cfg), stats)
+    assert policy.model.encoder_task_embed.num_embeddings == 50
+    assert policy.model.encoder_1d_feature_pos_embed.num_embeddings == 4  # latent, state, env_state, task
+    policy.eval()
+    batch = {
+        "observation.state": torch.zeros(2, 1, 4),
+        "observation.environment_state": torch.zeros(2, 1, 39),
+        "observation.task_index": torch.tensor([[40.0], [17.0]]),
+    }
+    chunk = policy.predict_action_chunk(batch)
+    assert chunk.shape == (2, 20, 4)
+    assert not torch.allclose(chunk[0], chunk[1])  # same observation, another task: another chunk

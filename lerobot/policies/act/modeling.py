@@ -335,6 +335,8 @@ class ACT(nn.Module):
         self.has_state = state is not None
         self.has_env_state = env_state is not None
         self.has_images = bool(images)
+        task = config.task_feature
+        self.has_task = task is not None
 
         if config.use_vae:
             self.vae_encoder = ACTEncoder(config, config.n_vae_encoder_layers)
@@ -355,15 +357,17 @@ class ACT(nn.Module):
         self.encoder = ACTEncoder(config, config.n_encoder_layers)
         self.decoder = ACTDecoder(config)
 
-        # Encoder input tokens [latent, state?, env_state?, camera pixels...].
+        # Encoder input tokens [latent, state?, env_state?, task?, camera pixels...].
         if state is not None:
             self.encoder_robot_state_input_proj = nn.Linear(state[1], dim)
         if env_state is not None:
             self.encoder_env_state_input_proj = nn.Linear(env_state[1], dim)
         self.encoder_latent_input_proj = nn.Linear(config.latent_dim, dim)
+        if task is not None:  # one policy for several tasks: the task is one more encoder token
+            self.encoder_task_embed = nn.Embedding(task[1], dim)
         if images:
             self.encoder_img_feat_input_proj = nn.Conv2d(feature_channels, dim, kernel_size=1)
-        n_vector_tokens = 1 + int(state is not None) + int(env_state is not None)
+        n_vector_tokens = 1 + int(state is not None) + int(env_state is not None) + int(task is not None)
         self.encoder_1d_feature_pos_embed = nn.Embedding(n_vector_tokens, dim)
         if images:
             self.encoder_cam_feat_pos_embed = SinusoidalPositionEmbedding2d(dim // 2)
@@ -411,15 +415,18 @@ class ACT(nn.Module):
         env_state: Tensor | None,
         images: Tensor | None,
         latent: Tensor,
+        task: Tensor | None = None,
     ) -> Tensor:
         """Decode a chunk: normalized `(B, chunk_size, A)` from the latent `(B, latent_dim)` and the normalized
-        observation: `state` (B, D_state), `env_state` (B, D_env) and `images` (B, N_cam, C, H, W), each None
-        when the config has no such input."""
+        observation: `state` (B, D_state), `env_state` (B, D_env), `images` (B, N_cam, C, H, W) and the task
+        ids `task` (B,) long, each None when the config has no such input."""
         tokens = [self.encoder_latent_input_proj(latent)]
         if self.has_state:
             tokens.append(self.encoder_robot_state_input_proj(state))
         if self.has_env_state:
             tokens.append(self.encoder_env_state_input_proj(env_state))
+        if self.has_task:
+            tokens.append(self.encoder_task_embed(task))
         tokens = torch.stack(tokens, dim=1)  # (B, n_vector_tokens, D)
         pos = self.encoder_1d_feature_pos_embed.weight[None]  # (1, n_vector_tokens, D)
         if self.has_images:
@@ -469,6 +476,8 @@ class ACTPolicy(Policy):
         state, env_state = config.state_feature, config.env_state_feature
         self.state_key = state[0] if state is not None else None
         self.env_state_key = env_state[0] if env_state is not None else None
+        task = config.task_feature
+        self.task_key = task[0] if task is not None else None
         self.action_key = config.action_key
 
     def optimizer_param_groups(self) -> list[dict]:
@@ -486,7 +495,7 @@ class ACTPolicy(Policy):
     # ------------------------------------------------------------------ inputs
     @property
     def _observation_keys(self) -> list[str]:
-        return [k for k in (*self.image_keys, self.state_key, self.env_state_key) if k is not None]
+        return [k for k in (*self.image_keys, self.state_key, self.env_state_key, self.task_key) if k is not None]
 
     def _check_obs(self, batch: Mapping[str, Tensor]) -> None:
         for key in self._observation_keys:
@@ -502,6 +511,10 @@ class ACTPolicy(Policy):
         env_state = batch[self.env_state_key][:, 0] if self.env_state_key else None
         images = torch.stack([batch[k][:, 0] for k in self.image_keys], dim=1) if self.image_keys else None
         return state, env_state, images
+
+    def _task(self, batch: Mapping[str, Tensor]) -> Tensor | None:
+        """The task ids `(B,)` long of a batch `(B, 1)`, None for a single-task config."""
+        return batch[self.task_key][:, 0].round().long() if self.task_key else None
 
     def _zero_latent(self, batch_size: int) -> Tensor:
         """The latent at inference (and without the VAE): the prior's mean, `(B, latent_dim)` zeros."""
@@ -557,7 +570,7 @@ class ACTPolicy(Policy):
             latent, mu, log_sigma_x2 = self.model.encode_latent(state, actions, is_pad, noise)
         else:
             latent = self._zero_latent(batch_size)
-        predicted = self.model(state, env_state, images, latent)  # (B, chunk_size, A)
+        predicted = self.model(state, env_state, images, latent, self._task(batch))  # (B, chunk_size, A)
 
         error = (predicted.to(actions.dtype) - actions).abs()  # (B, chunk_size, A)
         real = einops.rearrange(~is_pad, "b t -> b t 1").to(error.dtype)
@@ -581,5 +594,5 @@ class ACTPolicy(Policy):
         batch = self.normalize_inputs(batch)
         state, env_state, images = self._observation(batch)
         batch_size = next(t for t in (state, env_state, images) if t is not None).shape[0]
-        actions = self.model(state, env_state, images, self._zero_latent(batch_size))
+        actions = self.model(state, env_state, images, self._zero_latent(batch_size), self._task(batch))
         return self.unnormalize_outputs({self.action_key: actions})[self.action_key]
