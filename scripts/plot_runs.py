@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from lerobot.training.run import METRICS_FILE, read_records
+from lerobot.training.metrics import METRICS_FILE, read_records
 
 
 def training_hours(records: list[dict], gap_s: float) -> list[float]:

@@ -37,7 +37,15 @@ from lerobot.config import env_config
 from lerobot.errors import CheckpointError, NonFiniteWeightsError, RunDirError
 from lerobot.policies.policy import Policy
 from lerobot.policy_registry import make_policy, make_policy_config
-from lerobot.training.run import setup_run
+from lerobot.training.run_dir import run_directory
+
+
+def setup_run(cfg) -> tuple[Path, Path | None]:
+    """The run directory of `cfg` and the checkpoint a launch would resume from (`run_directory`, whose lock
+    is released on return)."""
+    with run_directory(cfg) as found:
+        return found
+
 
 REPO = Path(__file__).resolve().parents[1]
 KEYPOINTS = [*TINY, "env=pusht_keypoints"]

@@ -40,8 +40,8 @@ from lerobot.distributed import resolve_device
 from lerobot.errors import ConfigError
 from lerobot.policies.diffusion.modeling import DiffusionPolicy
 from lerobot.policy_registry import make_policy, make_policy_config
+from lerobot.training.progress import TrainingLoop
 from lerobot.training.replay_buffer import ReplayBuffer
-from lerobot.training.run import TrainingLoop
 from lerobot.training.update import CPU_RECIPE, StepMetrics, TrainStep, cpu_run_warning
 
 TORCH_OPTIM = str(Path(torch.optim.__file__).parent)

@@ -3,7 +3,7 @@
 import json
 
 from lerobot.cli import compose_config
-from lerobot.training.run import MetricsLogger
+from lerobot.training.metrics import MetricsLogger
 
 
 def read(path):

@@ -112,7 +112,7 @@ def test_invalid_settings():
 
 def test_training_loop_says_when_log_checkpoint_and_eval_are_due(tmp_path):
     from lerobot.cli import compose_config
-    from lerobot.training.run import TrainingLoop
+    from lerobot.training.progress import TrainingLoop
 
     cfg = compose_config(
         ["policy=tdmpc", "env=pendulum", "training.steps=45", "training.log_freq=10", "training.save_freq=20"]
@@ -139,7 +139,7 @@ def test_stop_line_names_every_process_the_signal_reached_by_the_time_the_checkp
 
     from lerobot.cli import compose_config
     from lerobot.runtime.signals import stop_on_signals
-    from lerobot.training import run as training_run
+    from lerobot.training import progress as training_run
 
     cfg = compose_config(["policy=tdmpc", "env=pendulum", "training.steps=40", "training.save_freq=20"])
     cfg.eval.freq = 0

@@ -44,7 +44,7 @@ from lerobot.checkpoints.run import (
 from lerobot.cli import eval_main, train_main
 from lerobot.errors import CheckpointError, RunDirError
 from lerobot.runtime.checksums import CHECKSUMS_FILE
-from lerobot.runtime.files import LOCK_FILE, RunLock, lock_run_dir, release_run_dir
+from lerobot.runtime.files import LOCK_FILE, RunLock
 
 REPO = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
@@ -119,7 +119,8 @@ def test_deleting_run_lock_does_not_let_a_second_run_in(tmp_path, data_args):  #
 
 def test_the_owner_rewrites_run_lock_and_stops_when_its_directory_is_replaced(tmp_path):
     run = tmp_path / "run"
-    lock_run_dir(run)
+    owner = RunLock(run)
+    owner.acquire()
     try:
         tiny_checkpoint(run, 1)
         (run / LOCK_FILE).unlink()
@@ -132,7 +133,7 @@ def test_the_owner_rewrites_run_lock_and_stops_when_its_directory_is_replaced(tm
             tiny_checkpoint(run, 3)
         assert list(run.iterdir()) == []
     finally:
-        release_run_dir(run)
+        owner.release()
 
 
 def test_a_save_behind_last_is_refused(tmp_path):
@@ -153,14 +154,15 @@ def _sleep(ready) -> None:
 def test_forked_children_do_not_hold_the_lock(tmp_path):
     """A loader or env worker forked by the owner does not keep the run directory locked after it."""
     run = tmp_path / "run"
-    lock_run_dir(run)
+    owner = RunLock(run)
+    owner.acquire()
     ctx = multiprocessing.get_context("fork")
     ready = ctx.Event()
     child = ctx.Process(target=_sleep, args=(ready,))
     child.start()
     try:
         assert ready.wait(60)
-        release_run_dir(run)
+        owner.release()
         lock = RunLock(run)
         lock.acquire()  # the child still lives
         lock.release()

@@ -10,7 +10,7 @@ Layout of `run_dir/checkpoints/000001000/`:
   pretrained directory (`Policy.from_pretrained`).
 - `training_state.pt` (optional): raw weights, optimizer, LR scheduler, EMA, RNG states, step, extras.
 - `data_fingerprint.json` (optional): what the run trained on (`lerobot.datasets.dataset_fingerprint`), so
-  that a resume on other data is noticed (`lerobot.training.run.check_training_data`).
+  that a resume on other data is noticed (`lerobot.training.run_dir.check_training_data`).
 - `checksums.json`: the sha256 of every other file (`lerobot.runtime.checksums`), checked before each read.
 `run_dir/checkpoints/last` is a symlink to the newest complete checkpoint; it never moves back to an
 earlier step (a save behind it means a second writer). A checkpoint is written into a temporary sibling
@@ -44,7 +44,14 @@ from lerobot.checkpoints.hub import (
     write_weights,
 )
 from lerobot.checkpoints.space import checkpoint_bytes
-from lerobot.config import PolicyConfig, env_config, policy_config, policy_section, upgrade_saved_config
+from lerobot.config import (
+    PolicyConfig,
+    config_differences,
+    env_config,
+    policy_config,
+    policy_section,
+    upgrade_saved_config,
+)
 from lerobot.errors import CheckpointError, ChecksumError, NonFiniteWeightsError, RunDirError
 from lerobot.policy_registry import (
     available_policies,
@@ -600,7 +607,7 @@ def load_run_policy(
         saved = json.loads(metadata[_META_POLICY]) if _META_POLICY in metadata else None
         if saved is None:  # older checkpoint: compare with its config.yaml (catches command-line overrides)
             saved = policy_section(load_config(ckpt_dir))
-        fields = _differences(saved, policy_section(cfg), "policy")
+        fields = config_differences(saved, policy_section(cfg), prefix="policy.")
         named = "; ".join(f"{k}={b} but the weights were trained with {a}" for k, a, b in fields[:3])
         key, a, b = differ[0]
         raise CheckpointError(
@@ -615,16 +622,6 @@ def load_run_policy(
             f"unexpected {sorted(unexpected)[:5]}"
         )
     return policy.to(device), cfg
-
-
-def _differences(a: Any, b: Any, prefix: str) -> list[tuple[str, Any, Any]]:
-    """(dotted key, value in `a`, value in `b`) for every leaf where two nested dicts differ."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        out = []
-        for key in sorted(a.keys() | b.keys()):
-            out += _differences(a.get(key), b.get(key), f"{prefix}.{key}")
-        return out
-    return [] if a == b else [(prefix, a, b)]
 
 
 def read_data_fingerprint(ckpt_dir: Path) -> dict[str, Any] | None:

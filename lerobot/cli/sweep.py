@@ -32,7 +32,7 @@ from lerobot.policy_registry import validate_run_config
 from lerobot.runtime.files import write_text
 from lerobot.runtime.signals import stop_on_signals
 from lerobot.training import train
-from lerobot.training.run import METRICS_FILE
+from lerobot.training.metrics import METRICS_FILE
 
 log = logging.getLogger(__name__)
 

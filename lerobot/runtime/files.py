@@ -274,11 +274,18 @@ def try_flock(fd: int) -> bool | None:
 
 
 class RunLock:
-    """Exclusive ownership of a run directory by this process, recorded as `pid host` in `run.lock`."""
+    """Exclusive ownership of a run directory by this process, recorded as `pid host` in `run.lock`.
+
+    Taken by `acquire` and given up by `release`, or held for a `with` block::
+
+        with RunLock(run_dir):
+            ...  # this process is the only writer of run_dir
+    """
 
     def __init__(self, run_dir: Path):
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / LOCK_FILE
+        self.resolved: Path | None = None  # the locked directory's resolved path, while held
         self._dir_fd: int | None = None  # the directory, flock-ed
         self._fd: int | None = None  # run.lock, lockf-ed
         self._dir_locked = False  # False where the file system cannot lock a directory
@@ -315,8 +322,16 @@ class RunLock:
             log.warning("%s: taking over the lock left by a run that has ended (%s)", self.path, previous)
         self._dir_fd, self._fd = dir_fd, fd
         self._dir_locked = taken is True
+        self.resolved = self.run_dir.resolve()
         self._write_record()
         _open_locks.add(self)
+
+    def __enter__(self) -> RunLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
 
     def verify(self) -> None:
         """Check, before writing a checkpoint, that this process still owns the run directory.
@@ -429,10 +444,9 @@ def _flock_holder(fd: int) -> str:
     return ""
 
 
-# Every acquired lock of this process, for the fork handler; and those taken through `lock_run_dir`, by run
-# directory, until the trainer's loop ends (`release_run_dir`) or the process exits (the kernel drops them).
+# Every lock this process holds (acquired and not released): the fork handler closes them in children, and
+# `verify_run_dir` finds the one of a run directory among them.
 _open_locks: set[RunLock] = set()
-_held: dict[Path, RunLock] = {}
 
 
 def _forget_in_child() -> None:
@@ -444,36 +458,19 @@ def _forget_in_child() -> None:
                 os.close(fd)
         lock._fd = lock._dir_fd = None
     _open_locks.clear()
-    _held.clear()
 
 
 os.register_at_fork(after_in_child=_forget_in_child)
 
 
-def lock_run_dir(run_dir: Path) -> None:
-    """Make this process the only writer of `run_dir` (see `RunLock`); a no-op if it already is."""
-    key = Path(run_dir).resolve()
-    if key in _held:
-        return
-    lock = RunLock(run_dir)
-    lock.acquire()
-    _held[key] = lock
-
-
 def verify_run_dir(run_dir: Path) -> None:
-    """When this process locked `run_dir` (`lock_run_dir`), check that it still owns it (`RunLock.verify`);
-    a no-op otherwise (library use that took no lock)."""
-    lock = _held.get(Path(run_dir).resolve())
+    """When this process holds the lock of `run_dir` (`RunLock`), check that it still owns it
+    (`RunLock.verify`); a no-op otherwise (library use that took no lock)."""
+    key = Path(run_dir).resolve()
+    lock = next((lk for lk in _open_locks if lk.resolved == key), None)
     if lock is None:  # the path may resolve elsewhere now (moved, replaced by a link): compare as given
         lock = next(
-            (lk for lk in _held.values() if os.path.abspath(lk.run_dir) == os.path.abspath(run_dir)), None
+            (lk for lk in _open_locks if os.path.abspath(lk.run_dir) == os.path.abspath(run_dir)), None
         )
     if lock is not None:
         lock.verify()
-
-
-def release_run_dir(run_dir: Path) -> None:
-    """Give up the lock `lock_run_dir` took (if any)."""
-    lock = _held.pop(Path(run_dir).resolve(), None)
-    if lock is not None:
-        lock.release()

@@ -2,7 +2,7 @@
 
 `SIGTERM` and `SIGUSR1` (what SLURM and other schedulers send before preempting or at the time limit) and
 `SIGINT` (Ctrl-C) only set a flag while a trainer's loop runs; the loop reads it once per step, at the step
-boundary, saves a checkpoint and ends (`lerobot.training.update.TrainingLoop`). A signal that arrives while a
+boundary, saves a checkpoint and ends (`lerobot.training.progress.TrainingLoop`). A signal that arrives while a
 checkpoint is being written therefore lets the write finish. An evaluation in progress is abandoned (it
 can take minutes; the resumed run redoes the evaluation of its first step when that one was due). A second
 Ctrl-C aborts at once; outside the loop (start-up, the final clean-up) a stop signal aborts at once too, as

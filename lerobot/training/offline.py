@@ -20,15 +20,17 @@ import torch
 from omegaconf import DictConfig
 
 from lerobot import distributed
-from lerobot.checkpoints.run import load_training_state, save_checkpoint
+from lerobot.checkpoints.run import save_checkpoint
 from lerobot.config import PolicyConfig, env_config
 from lerobot.datasets import EpisodeDataset, cycle_batches, dataset_fingerprint, import_dataset, make_dataset
 from lerobot.errors import ConfigError
 from lerobot.policies.online_policy import OnlinePolicy
 from lerobot.policies.policy import Policy
 from lerobot.policy_registry import make_policy
-from lerobot.training.run import DivergenceGuard, TrainingLoop, check_training_data, setup_run
-from lerobot.training.update import CpuPace, TrainStep, to_device
+from lerobot.training.guard import DivergenceGuard
+from lerobot.training.progress import TrainingLoop
+from lerobot.training.run_dir import check_training_data, run_directory
+from lerobot.training.update import CpuPace, LogWindow, TrainStep, restore, to_device
 
 log = logging.getLogger(__name__)
 
@@ -54,44 +56,6 @@ def make_offline_policy(policy_cfg: PolicyConfig, dataset: EpisodeDataset, devic
     return policy
 
 
-class _LogWindow:
-    """Wall time of the steps since the last log, split into waiting for batches and updating, turned into
-    the rates of the next one.
-
-    No step waits for the device: the update time of a window is its wall time less the batch waits, read
-    at log time after the metrics' host sync, so it includes the device work its steps queued.
-    """
-
-    def __init__(self, batch_size: int):
-        self.batch_size = batch_size
-        self._restart()
-
-    def _restart(self) -> None:
-        self.steps = 0
-        self.data_s = 0.0
-        self.start = time.perf_counter()
-
-    def add(self, data_s: float) -> None:
-        """Count one step that waited `data_s` for its batch."""
-        self.steps += 1
-        self.data_s += data_s
-
-    def exclude(self, seconds: float) -> None:
-        """Leave `seconds` spent on something else (a checkpoint, an evaluation) out of the window."""
-        self.start += seconds
-
-    def pop(self) -> dict[str, float]:
-        """Mean times per step and samples per second over the window ending now, then start a new window."""
-        elapsed = time.perf_counter() - self.start
-        metrics = {
-            "data_s": self.data_s / self.steps,
-            "update_s": max(elapsed - self.data_s, 0.0) / self.steps,
-            "samples_per_s": self.batch_size * self.steps / max(elapsed, 1e-9),
-        }
-        self._restart()
-        return metrics
-
-
 def save(
     run_dir: Path,
     step: int,
@@ -108,17 +72,6 @@ def save(
     save_checkpoint(run_dir, step, policy, cfg, training_state, eval_state_dict=model, data_fingerprint=data)
 
 
-def restore(ckpt_dir: Path, policy: Policy, update: TrainStep) -> tuple[int, dict[str, Any]]:
-    """Load the checkpoint in `ckpt_dir` into `policy` and `update`; return its step and saved random states.
-
-    The random states are left for the caller to set, after it has created the data iterator.
-    """
-    state = load_training_state(ckpt_dir)
-    update.load_state_dict(state)
-    log.info("resumed from %s at step %d", ckpt_dir, state["step"])
-    return state["step"], state["rng"]
-
-
 def train_offline(cfg: DictConfig, policy_cfg: PolicyConfig, progress: bool = True) -> Path:
     """Train the policy of `policy_cfg` on the demonstrations per the run config `cfg`; return the run
     directory."""
@@ -126,69 +79,75 @@ def train_offline(cfg: DictConfig, policy_cfg: PolicyConfig, progress: bool = Tr
     batch_size = cfg.training.batch_size or policy_cfg.batch_size  # the global batch
     distributed.shard_size(batch_size)  # fails before any process waits for another
     device = distributed.init(distributed.resolve_device(cfg.device))
-    # The main process names and creates the run directory (and converts the data once); the others use it.
-    run_dir, resume_from = distributed.on_main(lambda: setup_run(cfg))
-    cfg.output_dir = str(run_dir)
-    distributed.on_main(lambda: import_dataset(cfg.dataset))
-    # Every process draws the same random numbers: each takes its slice of the global batch's draws.
-    distributed.set_seed(cfg.seed)
-    dataset = make_dataset(cfg.dataset, env_cfg, policy_cfg.delta_timestamps(env_cfg.fps), split="train")
-    data = dataset_fingerprint(cfg.dataset, dataset.root)
-    if resume_from is not None:  # the checkpoint's data, unless training.allow_other_data
-        check_training_data(resume_from, data, cfg)
-    policy = make_offline_policy(policy_cfg, dataset, device)
-    update = TrainStep(policy, policy_cfg, cfg.training, total_updates=cfg.training.steps)
+    # The main process names, locks and creates the run directory (and converts the data once); the others
+    # use it. It stays locked until training ends.
+    with run_directory(cfg) as (run_dir, resume_from):
+        cfg.output_dir = str(run_dir)
+        distributed.on_main(lambda: import_dataset(cfg.dataset))
+        # Every process draws the same random numbers: each takes its slice of the global batch's draws.
+        distributed.set_seed(cfg.seed)
+        dataset = make_dataset(cfg.dataset, env_cfg, policy_cfg.delta_timestamps(env_cfg.fps), split="train")
+        data = dataset_fingerprint(cfg.dataset, dataset.root)
+        if resume_from is not None:  # the checkpoint's data, unless training.allow_other_data
+            check_training_data(resume_from, data, cfg)
+        policy = make_offline_policy(policy_cfg, dataset, device)
+        update = TrainStep(policy, policy_cfg, cfg.training, total_updates=cfg.training.steps)
 
-    step, rng = restore(resume_from, policy, update) if resume_from is not None else (0, None)
-    # Creating the loader iterator draws from the global RNG (its base seed), so it is created before the
-    # saved RNG state is restored: after that, a resumed run consumes random numbers exactly as the
-    # uninterrupted one did.
-    batches = cycle_batches(
-        dataset,
-        batch_size=batch_size,
-        seed=cfg.seed,
-        start_step=step,
-        num_workers=cfg.training.num_workers,
-        pin_memory=device.type == "cuda",
-        shard=(distributed.rank(), distributed.world_size()),
-    )
-    if rng is not None:
-        distributed.set_rng_state(rng)
+        step, rng = 0, None
+        if resume_from is not None:
+            state = restore(resume_from, update)
+            step, rng = state["step"], state["rng"]  # the random states are set once the loader exists
+            log.info("resumed from %s at step %d", resume_from, step)
+        # Creating the loader iterator draws from the global RNG (its base seed), so it is created before the
+        # saved RNG state is restored: after that, a resumed run consumes random numbers exactly as the
+        # uninterrupted one did.
+        batches = cycle_batches(
+            dataset,
+            batch_size=batch_size,
+            seed=cfg.seed,
+            start_step=step,
+            num_workers=cfg.training.num_workers,
+            pin_memory=device.type == "cuda",
+            shard=(distributed.rank(), distributed.world_size()),
+        )
+        if rng is not None:
+            distributed.set_rng_state(rng)
 
-    window = _LogWindow(batch_size)
-    pace = CpuPace(device, cfg.training.steps - step)
-    with (
-        TrainingLoop(
-            cfg, run_dir, start=step, resumed=resume_from is not None, unit="step", progress=progress
-        ) as loop,
-        DivergenceGuard(run_dir, update.advice()) as guard,
-    ):
-        if loop.eval_pending:
-            with update.averaged_weights():
-                loop.evaluate(policy)
-        while loop.running:
-            t0 = time.perf_counter()
-            batch = to_device(next(batches), device)
-            window.add(data_s=time.perf_counter() - t0)
-            update(batch, where=f"step {loop.step + 1}")  # queues the work; reads nothing back
-            guard.updated()
-            pace.step()
-            due = loop.advance(1)
-
-            if due.log:
-                loop.log({**update.metrics.pop(), "lr": update.lr, **window.pop()})
-            t0 = time.perf_counter()
-            if due.checkpoint or due.eval:
-                update.metrics.check_finite()  # never save or evaluate diverged weights
-            if due.checkpoint and distributed.is_main():
-                save(run_dir, loop.step, policy, update, cfg, data)
-                guard.saved(loop.step)
-            if due.eval:
+        window = LogWindow(wait="data_s", rate="samples_per_s", samples_per_step=batch_size)
+        pace = CpuPace(device, cfg.training.steps - step)
+        with (
+            TrainingLoop(
+                cfg, run_dir, start=step, resumed=resume_from is not None, unit="step", progress=progress
+            ) as loop,
+            DivergenceGuard(run_dir, update.advice()) as guard,
+        ):
+            if loop.eval_pending:
                 with update.averaged_weights():
                     loop.evaluate(policy)
-            window.exclude(time.perf_counter() - t0)
-    # Ends the loader's workers now: they ignore SIGTERM (see `make_dataloader`), so the exit-time
-    # terminate-and-join of multiprocessing must find none left.
-    del batches
-    distributed.barrier()  # the main process has written everything before any process leaves
+            while loop.running:
+                t0 = time.perf_counter()
+                batch = to_device(next(batches), device)
+                window.waited(time.perf_counter() - t0)
+                update(batch, where=f"step {loop.step + 1}")  # queues the work; reads nothing back
+                window.counted(steps=1, updates=1)  # the update's time is the window's rest (`LogWindow`)
+                guard.updated()
+                pace.step()
+                due = loop.advance(1)
+
+                if due.log:
+                    loop.log({**update.metrics.pop(), "lr": update.lr, **window.pop()})
+                t0 = time.perf_counter()
+                if due.checkpoint or due.eval:
+                    update.metrics.check_finite()  # never save or evaluate diverged weights
+                if due.checkpoint and distributed.is_main():
+                    save(run_dir, loop.step, policy, update, cfg, data)
+                    guard.saved(loop.step)
+                if due.eval:
+                    with update.averaged_weights():
+                        loop.evaluate(policy)
+                window.exclude(time.perf_counter() - t0)
+        # Ends the loader's workers now: they ignore SIGTERM (see `make_dataloader`), so the exit-time
+        # terminate-and-join of multiprocessing must find none left.
+        del batches
+        distributed.barrier()  # the main process has written everything before any process leaves
     return run_dir

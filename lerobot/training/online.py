@@ -39,7 +39,7 @@ from gymnasium.vector import AutoresetMode
 from omegaconf import DictConfig
 
 from lerobot import distributed
-from lerobot.checkpoints.run import load_training_state, read_weights, save_checkpoint
+from lerobot.checkpoints.run import save_checkpoint
 from lerobot.config import EnvConfig, PolicyConfig, env_config
 from lerobot.constants import ACTION, EPISODE_INDEX, NEXT_REWARD
 from lerobot.envs import make_env, observation_to_batch
@@ -47,9 +47,11 @@ from lerobot.errors import ConfigError
 from lerobot.policies.online_policy import OnlinePolicy
 from lerobot.policy_registry import make_policy
 from lerobot.rollout import act
+from lerobot.training.guard import DivergenceGuard
+from lerobot.training.progress import TrainingLoop
 from lerobot.training.replay_buffer import ReplayBuffer, sample_mixed
-from lerobot.training.run import DivergenceGuard, TrainingLoop, check_training_data, setup_run
-from lerobot.training.update import TrainStep, to_device
+from lerobot.training.run_dir import check_training_data, run_directory
+from lerobot.training.update import LogWindow, TrainStep, restore, to_device
 
 log = logging.getLogger(__name__)
 
@@ -264,51 +266,6 @@ class Collector:
         self.envs.close()
 
 
-class _LogWindow:
-    """Update counts and timings since the last log, turned (with the updates' `StepMetrics`) into the
-    metrics of the next one.
-
-    The timings are host wall time and no update waits for the device, so on a GPU `update_s` is the time
-    to queue the updates; the device work they queued is waited for by the next collection (acting reads the
-    policy's actions on the host) and shows in `collect_s`. `env_steps_per_s` is exact either way.
-    """
-
-    def __init__(self, transitions: int, n_envs: int):
-        self.n_envs = n_envs
-        self._restart(transitions)
-
-    def _restart(self, transitions: int) -> None:
-        self.start = transitions
-        self.updates = 0
-        self.collect_s = self.update_s = 0.0
-
-    def pop(
-        self,
-        update_means: dict[str, float],
-        counts: Counts,
-        episodes: dict[str, float],
-        lr: float,
-        buffer_size: int,
-    ) -> dict[str, float]:
-        """The metrics of the window ending now (`update_means`: the means over its updates, from
-        `StepMetrics.pop`; rates), then start a new window."""
-        window = counts.transitions - self.start
-        metrics = dict(update_means)
-        metrics.update(episodes)
-        metrics.update(
-            lr=lr,
-            updates=counts.updates,
-            updates_per_transition=self.updates / max(window, 1),
-            update_s=self.update_s / max(self.updates, 1),
-            collect_s=self.collect_s / max(window / self.n_envs, 1),
-            env_steps_per_s=window / max(self.collect_s + self.update_s, 1e-9),
-            buffer_size=buffer_size,
-            train_time_s=counts.train_time_s,
-        )
-        self._restart(counts.transitions)
-        return metrics
-
-
 def make_online_policy(policy_cfg: PolicyConfig, device: torch.device) -> OnlinePolicy:
     """The configured policy on `device`; a config error when it cannot learn online."""
     policy = make_policy(policy_cfg).to(device)
@@ -325,7 +282,7 @@ def make_online_policy(policy_cfg: PolicyConfig, device: torch.device) -> Online
 def checkpoint_state(
     update: TrainStep, schedule: UpdateSchedule, counts: Counts, buffer: ReplayBuffer | None
 ) -> dict[str, Any]:
-    """What `restore` needs to continue the run; `buffer` is saved unless None."""
+    """What `load_checkpoint_state` needs to continue the run; `buffer` is saved unless None."""
     state = {
         **update.state_dict(),
         "schedule": schedule.state_dict(),
@@ -339,15 +296,15 @@ def checkpoint_state(
     return state
 
 
-def restore(
-    ckpt_dir: Path, policy: OnlinePolicy, update: TrainStep, schedule: UpdateSchedule, buffer: ReplayBuffer
+def load_checkpoint_state(
+    ckpt_dir: Path, update: TrainStep, schedule: UpdateSchedule, buffer: ReplayBuffer
 ) -> Counts:
-    """Load the checkpoint in `ckpt_dir` into the run's objects and the global random states; return its counts.
+    """Load the checkpoint in `ckpt_dir` (`checkpoint_state`) into the run's objects and the global random
+    states; return its counts.
 
     The replay buffer is restored when the checkpoint holds one, else `buffer` stays empty.
     """
-    state = load_training_state(ckpt_dir)
-    update.load_state_dict(state, weights=None if "model" in state else read_weights(ckpt_dir)[0])
+    state = restore(ckpt_dir, update)
     schedule.load_state_dict(state["schedule"])
     counts = Counts(state["transitions"], state["updates"], float(state.get("train_time_s", 0.0)))
     distributed.set_rng_state(state["rng"])
@@ -367,77 +324,88 @@ def train_online(cfg: DictConfig, policy_cfg: PolicyConfig, progress: bool = Tru
     `learning_starts` new transitions (collected by the restored policy) are in the buffer. Env states are not
     saved: a resumed run starts fresh episodes.
     """
-    run_dir, resume_from = setup_run(cfg)
-    tcfg = cfg.training
-    env_cfg = env_config(cfg)
-    # As offline: the policy's config stays as validation built it.
-    batch_size = tcfg.batch_size or policy_cfg.batch_size
-    if not 0.0 <= tcfg.offline_ratio <= 1.0:
-        raise ConfigError(f"training.offline_ratio={tcfg.offline_ratio} must be in [0, 1]")
-    device = distributed.resolve_device(cfg.device)
-    distributed.set_seed(cfg.seed)
-    policy = make_online_policy(policy_cfg, device)
-    horizon = policy.replay_horizon
-    schedule = UpdateSchedule.from_config(tcfg)
-    update = TrainStep(policy, policy_cfg, tcfg, total_updates=schedule.count_updates(tcfg.steps))
-    buffer = ReplayBuffer(tcfg.buffer_capacity, tcfg.n_envs, seed=cfg.seed)
-    demos, data = None, None
-    if tcfg.offline_ratio > 0:  # batches mix in demonstrations: a resume must read the checkpoint's
-        from lerobot.datasets import dataset_fingerprint
+    # Locked until training ends (`run_directory`).
+    with run_directory(cfg) as (run_dir, resume_from):
+        tcfg = cfg.training
+        env_cfg = env_config(cfg)
+        # As offline: the policy's config stays as validation built it.
+        batch_size = tcfg.batch_size or policy_cfg.batch_size
+        if not 0.0 <= tcfg.offline_ratio <= 1.0:
+            raise ConfigError(f"training.offline_ratio={tcfg.offline_ratio} must be in [0, 1]")
+        device = distributed.resolve_device(cfg.device)
+        distributed.set_seed(cfg.seed)
+        policy = make_online_policy(policy_cfg, device)
+        horizon = policy.replay_horizon
+        schedule = UpdateSchedule.from_config(tcfg)
+        update = TrainStep(policy, policy_cfg, tcfg, total_updates=schedule.count_updates(tcfg.steps))
+        buffer = ReplayBuffer(tcfg.buffer_capacity, tcfg.n_envs, seed=cfg.seed)
+        demos, data = None, None
+        if tcfg.offline_ratio > 0:  # batches mix in demonstrations: a resume must read the checkpoint's
+            from lerobot.datasets import dataset_fingerprint
 
-        demos = load_demonstrations(cfg, env_cfg, sorted(policy_cfg.input_features))
-        data = dataset_fingerprint(cfg.dataset)
-        if resume_from is not None:
-            check_training_data(resume_from, data, cfg)
-    resumed = resume_from is not None
-    counts = restore(resume_from, policy, update, schedule, buffer) if resume_from is not None else Counts()
-    # Resumed without a saved buffer: no updates until it holds `learning_starts` transitions again.
-    refill_needed = tcfg.learning_starts if resumed and len(buffer) == 0 else 0
+            demos = load_demonstrations(cfg, env_cfg, sorted(policy_cfg.input_features))
+            data = dataset_fingerprint(cfg.dataset)
+            if resume_from is not None:
+                check_training_data(resume_from, data, cfg)
+        resumed = resume_from is not None
+        counts = load_checkpoint_state(resume_from, update, schedule, buffer) if resumed else Counts()
+        # Resumed without a saved buffer: no updates until it holds `learning_starts` transitions again.
+        refill_needed = tcfg.learning_starts if resumed and len(buffer) == 0 else 0
 
-    collector = Collector(env_cfg, tcfg.n_envs, tcfg.use_async_envs, policy, buffer, schedule, device)
-    with (
-        contextlib.closing(collector),
-        TrainingLoop(
-            cfg, run_dir, start=counts.transitions, resumed=resumed, unit="tr", progress=progress
-        ) as loop,
-        DivergenceGuard(run_dir, update.advice()) as guard,
-    ):
-        if loop.eval_pending:
-            loop.evaluate(policy)
-        # Seeds derived from the transition count, so a resumed run does not replay the episodes it saw.
-        collector.start(cfg.seed + counts.transitions)
-        window = _LogWindow(counts.transitions, tcfg.n_envs)
-        while loop.running:
-            t_collect = time.perf_counter()
-            counts.transitions = collector.collect(counts.transitions)
-            t_update = time.perf_counter()
-            n_updates = schedule.updates_after_collection(counts.transitions)
-            if len(buffer) < refill_needed or buffer.filled_rows < horizon:
-                n_updates = 0
-            for _ in range(n_updates):
-                batch = sample_mixed(buffer, demos, batch_size, horizon, tcfg.offline_ratio)
-                where = f"update {counts.updates + 1} ({counts.transitions} transitions)"
-                update(to_device(batch, device), where=where)  # queues the work; reads nothing back
-                guard.updated()
-                policy.update_target()
-                counts.updates += 1
-                window.updates += 1
-            window.collect_s += t_update - t_collect
-            window.update_s += time.perf_counter() - t_update
-            counts.train_time_s += time.perf_counter() - t_collect
-            due = loop.advance(counts.transitions - loop.step)
-
-            if due.log:
-                episodes, size = collector.episodes.pop(), len(buffer)
-                loop.log(window.pop(update.metrics.pop(), counts, episodes, lr=update.lr, buffer_size=size))
-            if due.checkpoint or due.eval:
-                update.metrics.check_finite()  # never save or evaluate diverged weights
-            if due.checkpoint:
-                state = checkpoint_state(update, schedule, counts, buffer if tcfg.save_buffer else None)
-                save_checkpoint(run_dir, counts.transitions, policy, cfg, state, data_fingerprint=data)
-                guard.saved(counts.transitions)
-            if due.eval:
+        collector = Collector(env_cfg, tcfg.n_envs, tcfg.use_async_envs, policy, buffer, schedule, device)
+        with (
+            contextlib.closing(collector),
+            TrainingLoop(
+                cfg, run_dir, start=counts.transitions, resumed=resumed, unit="tr", progress=progress
+            ) as loop,
+            DivergenceGuard(run_dir, update.advice()) as guard,
+        ):
+            if loop.eval_pending:
                 loop.evaluate(policy)
-                # The evaluation envs went through the policy: back to a clean state for the train envs.
-                collector.reset_policy(cfg.seed + counts.transitions)
+            # Seeds derived from the transition count, so a resumed run does not replay the episodes it saw.
+            collector.start(cfg.seed + counts.transitions)
+            window = LogWindow(wait="collect_s", rate="env_steps_per_s")
+            while loop.running:
+                t_collect = time.perf_counter()
+                counts.transitions = collector.collect(counts.transitions)
+                t_update = time.perf_counter()
+                n_updates = schedule.updates_after_collection(counts.transitions)
+                if len(buffer) < refill_needed or buffer.filled_rows < horizon:
+                    n_updates = 0
+                for _ in range(n_updates):
+                    batch = sample_mixed(buffer, demos, batch_size, horizon, tcfg.offline_ratio)
+                    where = f"update {counts.updates + 1} ({counts.transitions} transitions)"
+                    update(to_device(batch, device), where=where)  # queues the work; reads nothing back
+                    guard.updated()
+                    policy.update_target()
+                    counts.updates += 1
+                window.waited(t_update - t_collect, times=tcfg.train_freq)  # per vector env step
+                collected = schedule.transitions_per_collection
+                window.counted(steps=collected, updates=n_updates, update_s=time.perf_counter() - t_update)
+                counts.train_time_s += time.perf_counter() - t_collect
+                due = loop.advance(counts.transitions - loop.step)
+
+                if due.log:
+                    loop.log(
+                        {
+                            **update.metrics.pop(),
+                            **collector.episodes.pop(),
+                            "lr": update.lr,
+                            "updates": counts.updates,
+                            "updates_per_transition": window.updates_per_step,
+                            **window.pop(),
+                            "buffer_size": len(buffer),
+                            "train_time_s": counts.train_time_s,
+                        }
+                    )
+                if due.checkpoint or due.eval:
+                    update.metrics.check_finite()  # never save or evaluate diverged weights
+                if due.checkpoint:
+                    state = checkpoint_state(update, schedule, counts, buffer if tcfg.save_buffer else None)
+                    save_checkpoint(run_dir, counts.transitions, policy, cfg, state, data_fingerprint=data)
+                    guard.saved(counts.transitions)
+                if due.eval:
+                    loop.evaluate(policy)
+                    # The evaluation envs went through the policy: back to a clean state for the train envs.
+                    collector.reset_policy(cfg.seed + counts.transitions)
     return run_dir

@@ -1,9 +1,10 @@
-"""One gradient update, shared by the offline and online trainers.
+"""One gradient update, and what the offline and online trainers share around it.
 
 `TrainStep` is the update (autocast, backward, clipping, optimizer, LR schedule, EMA) and its metrics
 (`StepMetrics`: accumulated on the device, read at log time, where a non-finite loss stops the run). Its
 `state_dict` is the part of a checkpoint's training state that both trainers share (weights, optimizer, LR
-scheduler, EMA); each trainer adds its own counters.
+scheduler, EMA); each trainer adds its own counters, and `restore` loads a checkpoint's back. `LogWindow`
+times the iterations between two logs.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import logging
 import math
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -20,6 +22,7 @@ from omegaconf import DictConfig
 from torch import Tensor
 
 from lerobot import distributed
+from lerobot.checkpoints.run import load_training_state, read_weights
 from lerobot.config import PolicyConfig
 from lerobot.constants import LOSS_COUNT
 from lerobot.errors import CheckpointError, TrainingDivergedError
@@ -140,6 +143,72 @@ class StepMetrics:
         self.sums.zero_()
         self.where, self._checked = [], 0
         return means
+
+
+class LogWindow:
+    """The steps since the last log and where their host wall time went, turned into the timing metrics of
+    the next log; `pop` starts a new window.
+
+    A trainer counts its steps (the unit of `training.steps`: gradient steps offline, env transitions
+    online) and updates (`counted`), and times the part of its iterations that waits for input (`waited`:
+    offline each batch, as `data_s`; online each collection, as `collect_s` per vector env step). Nothing
+    waits for the device, so a part's time is the time to queue its device work, and that work shows where
+    the host next reads a device value:
+    - offline the updates are not timed: their time is the window's wall time less the batch waits and the
+      time spent on something else (`exclude`: checkpoints, evaluations), read at log time after the
+      metrics' host sync, so it includes the device work they queued; the rate is over that wall time.
+    - online they are timed (`counted(..., update_s=)`): acting reads the policy's actions on the host, so
+      the device work the updates queued shows in the next collection; the rate is over the two timed parts.
+    """
+
+    def __init__(self, wait: str, rate: str, samples_per_step: int = 1):
+        """`wait`: the name of the waiting part's metric (`data_s`, `collect_s`); `rate`: the throughput's,
+        the steps times `samples_per_step` per second (`samples_per_s`, `env_steps_per_s`)."""
+        self.wait, self.rate, self.samples_per_step = wait, rate, samples_per_step
+        self._restart()
+
+    def _restart(self) -> None:
+        self.start = time.perf_counter()
+        self.steps = self.updates = self.waits = 0
+        self.wait_s = 0.0
+        self.update_s: float | None = None  # None: the updates are not timed (the window's rest)
+
+    def waited(self, seconds: float, times: int = 1) -> None:
+        """`times` waits for input (batches, vector env steps) took `seconds` in all."""
+        self.wait_s += seconds
+        self.waits += times
+
+    def counted(self, steps: int, updates: int, update_s: float | None = None) -> None:
+        """`steps` more steps with `updates` gradient updates, which took `update_s` seconds when timed."""
+        self.steps += steps
+        self.updates += updates
+        if update_s is not None:
+            self.update_s = (self.update_s or 0.0) + update_s
+
+    def exclude(self, seconds: float) -> None:
+        """Leave `seconds` spent on something else (a checkpoint, an evaluation) out of the window."""
+        self.start += seconds
+
+    @property
+    def updates_per_step(self) -> float:
+        """Gradient updates per step in the window so far."""
+        return self.updates / max(self.steps, 1)
+
+    def pop(self) -> dict[str, float]:
+        """Mean seconds per wait and per update and the rate over the window ending now, then start a new
+        window."""
+        elapsed = time.perf_counter() - self.start
+        if self.update_s is None:
+            update_s, total = max(elapsed - self.wait_s, 0.0), elapsed
+        else:
+            update_s, total = self.update_s, self.wait_s + self.update_s
+        metrics = {
+            self.wait: self.wait_s / max(self.waits, 1),
+            "update_s": update_s / max(self.updates, 1),
+            self.rate: self.samples_per_step * self.steps / max(total, 1e-9),
+        }
+        self._restart()
+        return metrics
 
 
 class TrainStep:
@@ -286,6 +355,18 @@ class TrainStep:
             yield
         finally:
             self.ema.restore(self.policy.parameters())
+
+
+def restore(ckpt_dir: Path, update: TrainStep) -> dict[str, Any]:
+    """Load the checkpoint in `ckpt_dir` into `update` (weights, optimizer, LR schedule, EMA); return its
+    training state, whose counters, random states and extras each trainer sets itself.
+
+    Checkpoints of the online trainer written before both trainers shared this layout keep no raw weights
+    in their training state: those are read from the checkpoint's `model.safetensors`.
+    """
+    state = load_training_state(ckpt_dir)
+    update.load_state_dict(state, weights=None if "model" in state else read_weights(ckpt_dir)[0])
+    return state
 
 
 def shard_training_noise(policy: Policy, local_size: int) -> dict[str, Tensor]:
