@@ -297,3 +297,51 @@ def test_act_reads_the_task_as_one_more_encoder_token():
     chunk = policy.predict_action_chunk(batch)
     assert chunk.shape == (2, 20, 4)
     assert not torch.allclose(chunk[0], chunk[1])  # same observation, another task: another chunk
+
+
+def test_pixel_demonstrations_record_with_the_expert_and_train_a_pixel_policy_without_the_state(tmp_path):
+    """env=metaworld_pixels_expert gives the expert its state and records the camera; a policy trained on
+    the recording with env=metaworld_pixels reads the image, agent state and task only."""
+    from lerobot.cli.eval import eval_main
+    from lerobot.cli.train import train_main
+
+    record = tmp_path / "pixels"
+    common = ["eval.batch_size=1", "eval.use_async_envs=false", "env.max_episode_steps=20"]
+    code = eval_main(
+        [
+            "policy=metaworld_expert",
+            "env=metaworld_pixels_expert",
+            "env.task=reach-v3",
+            "eval.n_episodes=1",
+            "eval.max_episodes_rendered=0",
+            f"eval.record_dataset={record}",
+            *common,
+            "--output-dir",
+            str(tmp_path / "eval"),
+        ]
+    )
+    assert code == 0
+    features = json.loads((record / "meta" / "info.json").read_text())["features"]
+    assert features["observation.image"]["shape"][-3:] in ([96, 96, 3], [3, 96, 96])
+    assert "observation.environment_state" in features
+    run = tmp_path / "run"
+    code = train_main(
+        [
+            "+experiment=diffusion_metaworld_mt10_image_cpu",
+            "env.task=reach-v3",
+            f"dataset.root={record}",
+            "policy.down_dims=[16,32]",
+            "training.steps=2",
+            "training.batch_size=4",
+            "eval.freq=0",
+            "training.save_freq=2",
+            f"output_dir={run}",
+            *common,
+        ]
+    )
+    assert code == 0
+    from lerobot.checkpoints import load_policy
+
+    policy = load_policy(run)
+    assert "observation.environment_state" not in policy.config.input_features
+    assert policy.config.image_features == {"observation.image": [3, 96, 96]}

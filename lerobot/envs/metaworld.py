@@ -160,11 +160,14 @@ class MetaWorldEnv(gym.Env):
                 }
             )
         else:
+            # The full state too, for a scripted expert recording pixel demonstrations (env=metaworld_pixels_expert
+            # maps it; env=metaworld_pixels leaves it out, so pixel policies never see it).
             self.observation_space = spaces.Dict(
                 {
                     "pixels": spaces.Box(0, 255, shape=(self.height, self.width, 3), dtype=np.uint8),
                     "agent_pos": agent_space,
                     "task_index": task_space,
+                    "state": spaces.Box(low, high, dtype=np.float64),
                 }
             )
         self.action_space = spaces.Box(-1.0, 1.0, shape=(4,), dtype=np.float32)
@@ -231,7 +234,12 @@ class MetaWorldEnv(gym.Env):
         agent_pos = state[:AGENT_POS_DIM].astype(np.float64)
         if self.obs_type == "state":
             return {"state": state.astype(np.float64), "agent_pos": agent_pos, "task_index": task_index}
-        return {"pixels": self.render(), "agent_pos": agent_pos, "task_index": task_index}
+        return {
+            "pixels": self.render(),
+            "agent_pos": agent_pos,
+            "task_index": task_index,
+            "state": state.astype(np.float64),
+        }
 
     def render(self) -> np.ndarray:
         """The camera image (H, W, 3) uint8, right side up."""
