@@ -18,10 +18,10 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from lerobot.constants import ACTION_KIND, ENV_STATE, EVAL_SCHEDULES, STATE, VISUAL
+from lerobot.constants import ACTION_KIND, ENV_STATE, EVAL_SCHEDULES, STATE, TASK, VISUAL
 from lerobot.errors import ConfigError
 
-FEATURE_KINDS = (VISUAL, STATE, ENV_STATE, ACTION_KIND)
+FEATURE_KINDS = (VISUAL, STATE, ENV_STATE, TASK, ACTION_KIND)
 # `env.observation_keys` path that stands for the whole observation of an env whose observation is one
 # array rather than a dict (e.g. Pendulum's).
 WHOLE_OBSERVATION = "."
@@ -72,6 +72,14 @@ class EnvConfig:
         """Observation features (everything that is not an action)."""
         return {k: v for k, v in self.features.items() if v.kind != ACTION_KIND}
 
+    # Multi-task env families (MetaWorld): one task (`pick-place-v3`), a named set (`mt10`) or a list; the
+    # env gets it as its `task` keyword, and evaluation runs `eval.n_episodes` episodes of each task. null
+    # for a single-task env.
+    task: Any = None
+    # [low, high]: the bounds of the env's per-step reward (PushT: [0, 1]), so of an episode's max reward;
+    # evaluation clips the 95% interval of avg_max_reward to them (a normal interval leaves them at a few
+    # episodes). null: not known, not clipped.
+    reward_range: list[float] | None = None
     def output_features(self) -> dict[str, FeatureConfig]:
         """Action features."""
         return {k: v for k, v in self.features.items() if v.kind == ACTION_KIND}
@@ -366,6 +374,21 @@ class PolicyConfig:
             )
         key, feature = found[0]
         if len(feature.shape) != 1:
+    @property
+    def task_feature(self) -> tuple[str, int] | None:
+        """`(key, number of task ids)` of the `task` input (a multi-task env's task index, a scalar per
+        step with ids 0 .. high), or None. The count comes from the feature's declared `high`."""
+        found = [(k, f) for k, f in self.input_features.items() if f.kind == TASK]
+        if not found:
+            return None
+        if len(found) > 1 or list(found[0][1].shape) != [] or not found[0][1].high:
+            raise ConfigError(
+                f"{self.name} policy takes one scalar 'task' input (shape []) with its highest id as `high`, got "
+                f"{[(k, f.shape, f.high) for k, f in found]}"
+            )
+        key, feature = found[0]
+        return key, int(max(feature.high)) + 1
+
             raise ConfigError(f"input feature {key!r} ({kind}) must be a vector, got shape {feature.shape}")
         return key, feature.shape[0]
 

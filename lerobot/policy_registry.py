@@ -169,6 +169,11 @@ register_policy(
     policy="lerobot.policies.baselines:ScriptedPushPolicy",
 )
 register_policy(
+    "metaworld_expert",
+    config="lerobot.policies.metaworld_expert:MetaWorldExpertConfig",
+    policy="lerobot.policies.metaworld_expert:MetaWorldExpertPolicy",
+)
+register_policy(
     "diffusion",
     config="lerobot.policies.diffusion.configuration:DiffusionConfig",
     policy="lerobot.policies.diffusion.modeling:DiffusionPolicy",

@@ -6,7 +6,10 @@ env observation -> `observation_to_batch` -> `policy.select_action` -> a finite 
 
 Exactness rules:
 - Episode i is reset with seed `start_seed + i`, whichever slot (env index) runs it, so per-episode results
-  do not depend on `num_envs` or on sync vs async.
+  do not depend on `num_envs` or on sync vs async. A multi-task evaluation runs a plan of (task, seed)
+  episodes (`lerobot.envs.tasks.episode_plan`); each is reset with a seed that names both
+  (`EpisodeSpec.reset_seed`), and the policy's random stream is keyed by that seed, so an episode's results
+  depend on its task and seed alone. Env slots, not tasks, set the memory: a slot runs any task.
 - An episode's figures count its steps up to and including its first done (terminated or truncated) step.
   The moment an episode ends its slot is reset explicitly (`reset_mask`; with an idle seed while it waits
   for its next episode), and when its next episode starts the slot is reset with that episode's seed and
@@ -40,6 +43,7 @@ from tqdm.auto import tqdm
 from lerobot.constants import EVAL_SCHEDULES
 from lerobot.envs.faults import Watchdog, close_now, worker_call
 from lerobot.envs.observation import observation_to_batch
+from lerobot.envs.tasks import EpisodeSpec, episode_plan, task_seed
 from lerobot.errors import EnvWorkerError, NonFiniteActionError
 from lerobot.policies.policy import Policy
 from lerobot.runtime.files import atomic_write, no_space_error
@@ -181,28 +185,30 @@ def _write_video(path: Path, frames: list[np.ndarray], fps: int) -> Path:
 class _Episodes:
     """Which episode each env slot runs, the running figures of those episodes, and the finished results.
 
-    Episode i gets seed `start_seed + i`. Slots with no episode to run are idle: they still step (a vector
-    env steps all of its envs), with seeds past the evaluated range, and their figures are discarded.
+    Episode i is `plan[i]`, reset with its `reset_seed`. Slots with no episode to run are idle: they still
+    step (a vector env steps all of its envs), with seeds past the evaluated range (of the task they ran
+    last, so that a multi-task env keeps its model), and their figures are discarded.
     """
 
-    def __init__(self, n_episodes: int, start_seed: int, num_envs: int):
-        self.n_episodes, self.start_seed, self.num_envs = n_episodes, start_seed, num_envs
+    def __init__(self, plan: list[EpisodeSpec], num_envs: int):
+        self.plan, self.n_episodes, self.num_envs = plan, len(plan), num_envs
         self.next_episode = 0  # the next episode to start
         self.n_active = 0  # slots running an episode
         self.vector_steps = 0  # vector steps taken
         self.busy_steps = 0  # env steps that belonged to an evaluated episode
-        self.idle_seed = start_seed + n_episodes
+        self.idle_seed = max(spec.seed for spec in plan) + 1
         self.slot_episode = np.full(num_envs, -1, dtype=np.int64)  # -1 = idle
+        self.slot_position = np.zeros(num_envs, dtype=np.int64)  # task position of the slot's last episode
         self.slot_start = np.zeros(num_envs, dtype=np.int64)  # vector step at which the episode began
         # Every vector step's (B,) rewards and successes since the oldest running episode began (vector
         # step `first_kept`): a step only appends them, an episode's figures are computed once, at its end.
         self.rewards: list[np.ndarray] = []
         self.successes: list[np.ndarray] = []
         self.first_kept = 0
-        self.sum_reward = np.zeros(n_episodes)
-        self.max_reward = np.full(n_episodes, -np.inf)
-        self.success = np.zeros(n_episodes, dtype=bool)
-        self.n_steps = np.zeros(n_episodes, dtype=np.int64)
+        self.sum_reward = np.zeros(self.n_episodes)
+        self.max_reward = np.full(self.n_episodes, -np.inf)
+        self.success = np.zeros(self.n_episodes, dtype=bool)
+        self.n_steps = np.zeros(self.n_episodes, dtype=np.int64)
 
     @property
     def all_started(self) -> bool:
@@ -219,12 +225,14 @@ class _Episodes:
         seeds: list[int | None] = [None] * self.num_envs
         for slot in slots:
             if self.next_episode < self.n_episodes:
+                spec = self.plan[self.next_episode]
                 self.slot_episode[slot] = self.next_episode
-                seeds[slot] = self.start_seed + self.next_episode
+                self.slot_position[slot] = spec.position
+                seeds[slot] = spec.reset_seed
                 self.next_episode += 1
             else:
                 self.slot_episode[slot] = -1
-                seeds[slot] = self._take_idle_seed()
+                seeds[slot] = self._take_idle_seed(slot)
         self.n_active = int(np.count_nonzero(self.slot_episode >= 0))
         self.slot_start[slots] = self.vector_steps
         return seeds
@@ -233,12 +241,12 @@ class _Episodes:
         """Per-env reset seeds that keep `slots` idle."""
         seeds: list[int | None] = [None] * self.num_envs
         for slot in slots:
-            seeds[slot] = self._take_idle_seed()
+            seeds[slot] = self._take_idle_seed(slot)
         return seeds
 
-    def _take_idle_seed(self) -> int:
+    def _take_idle_seed(self, slot: int) -> int:
         self.idle_seed += 1
-        return self.idle_seed - 1
+        return task_seed(int(self.slot_position[slot]), self.idle_seed - 1)
 
     def log_step(self, reward: np.ndarray, success: np.ndarray) -> None:
         """Count one vector step and keep its (B,) rewards and successes (new arrays, as a vector env returns)."""
@@ -268,10 +276,10 @@ class _Episodes:
         self.first_kept = oldest
         return episodes
 
-    def running(self) -> tuple[np.ndarray, list[tuple[int, int]]]:
-        """The slots that run an episode, and (episode index, seed) of each."""
+    def running(self) -> tuple[np.ndarray, list[tuple[int, EpisodeSpec]]]:
+        """The slots that run an episode, and (episode index, its spec) of each."""
         slots = np.flatnonzero(self.slot_episode >= 0)
-        return slots, [(int(e), self.start_seed + int(e)) for e in self.slot_episode[slots]]
+        return slots, [(int(e), self.plan[e]) for e in self.slot_episode[slots]]
 
     def describe_slot(self, slot: int) -> str:
         """`slot` and what it runs at the step about to be taken, for error messages."""
@@ -279,7 +287,9 @@ class _Episodes:
         if episode < 0:
             return f"env slot {slot}, an idle slot at vector step {self.vector_steps + 1}"
         step = self.vector_steps - self.slot_start[slot] + 1
-        return f"env slot {slot}, episode {episode} (seed {self.start_seed + episode}) at its step {step}"
+        spec = self.plan[episode]
+        task = "" if spec.task is None else f"task {spec.task}, "
+        return f"env slot {slot}, episode {episode} ({task}seed {spec.seed}) at its step {step}"
 
     def results(self, eval_s: float, video_paths: list[str], video_error: OSError | None) -> dict[str, Any]:
         """What `eval_policy` returns, once every episode has ended `eval_s` seconds after the start."""
@@ -293,17 +303,20 @@ class _Episodes:
 
     def per_episode(self) -> list[dict[str, Any]]:
         """One row per episode, in episode order."""
-        return [
-            {
-                "episode_ix": i,
-                "seed": self.start_seed + i,
-                "sum_reward": float(self.sum_reward[i]),
-                "max_reward": float(self.max_reward[i]),
-                "success": bool(self.success[i]),
-                "n_steps": int(self.n_steps[i]),
-            }
-            for i in range(self.n_episodes)
-        ]
+        rows = []
+        for i, spec in enumerate(self.plan):
+            row = {"episode_ix": i} if spec.task is None else {"episode_ix": i, "task": spec.task}
+            rows.append(
+                {
+                    **row,
+                    "seed": spec.seed,
+                    "sum_reward": float(self.sum_reward[i]),
+                    "max_reward": float(self.max_reward[i]),
+                    "success": bool(self.success[i]),
+                    "n_steps": int(self.n_steps[i]),
+                }
+            )
+        return rows
 
 
 class _Refill:
@@ -435,8 +448,13 @@ def eval_policy(
     schedule: str = "refill_aligned",
     step_timeout_s: float | None = None,
     recorder: EpisodeRecorder | None = None,
+    plan: list[EpisodeSpec] | None = None,
 ) -> dict[str, Any]:
     """Evaluate `policy` for `n_episodes` on the vector env `env` and return per-episode and aggregate metrics.
+
+    The episodes are `plan` when given (a multi-task evaluation: each with its task and seed, see
+    `lerobot.envs.tasks`; `n_episodes` must be its length), else `n_episodes` with seeds `start_seed + i`.
+    Multi-task rows carry their `task`, and `aggregated["per_task"]` the figures of each task.
 
     Returns `{"per_episode": [{"episode_ix", "seed", "sum_reward", "max_reward", "success", "n_steps"}],
     "aggregated": {"avg_sum_reward", "avg_max_reward", "pc_success", their 95% intervals
@@ -455,13 +473,17 @@ def eval_policy(
     """
     if n_episodes <= 0:
         raise ValueError(f"n_episodes={n_episodes} must be > 0")
+    if plan is None:
+        plan = episode_plan(n_episodes, start_seed)
+    elif len(plan) != n_episodes:
+        raise ValueError(f"a plan of {len(plan)} episodes for n_episodes={n_episodes}")
     if schedule not in EVAL_SCHEDULES:
         raise ValueError(f"schedule={schedule!r}: expected one of {EVAL_SCHEDULES}")
     begin_now = _SCHEDULES[schedule].begin_now
     num_envs, device = env.num_envs, policy_device(policy)
     policy.eval()
     policy.reset()
-    episodes = _Episodes(n_episodes, start_seed, num_envs)
+    episodes = _Episodes(plan, num_envs)
     call_timeout_s = ASYNC_RESET_TIMEOUT_S if step_timeout_s is None else step_timeout_s
     watchdog = Watchdog(env) if isinstance(env, AsyncVectorEnv) else None
     videos = _Videos(env, videos_dir, max_episodes_rendered, call_timeout_s, watchdog)
@@ -522,8 +544,9 @@ def eval_policy(
 
 def aggregate_episodes(
     per_episode: list[dict[str, Any]], eval_s: float, busy_steps: int, slot_steps: int
-) -> dict[str, float]:
-    """The `aggregated` figures of `eval_policy` from its per-episode rows and its timing.
+) -> dict[str, Any]:
+    """The `aggregated` figures of `eval_policy` from its per-episode rows and its timing (and `per_task`,
+    see `per_task_figures`, when the rows have tasks).
 
     Args:
         per_episode: rows as `eval_policy` returns them (`sum_reward`, `max_reward`, `success`).
@@ -538,7 +561,7 @@ def aggregate_episodes(
     # normal approximation for the mean of max rewards (bounded in [0, 1], so it holds from a few dozen).
     success_low, success_high = wilson_interval(successes, n)
     half = 1.96 * max_reward.std(ddof=1) / math.sqrt(n) if n > 1 else math.nan
-    return {
+    figures = {
         "avg_sum_reward": float(np.mean([e["sum_reward"] for e in per_episode])),
         "avg_max_reward": float(max_reward.mean()),
         "avg_max_reward_ci95_low": float(max_reward.mean() - half),
@@ -553,6 +576,33 @@ def aggregate_episodes(
         "env_steps_per_s": busy_steps / eval_s if eval_s > 0 else math.nan,
         "slot_utilization": busy_steps / slot_steps if slot_steps else math.nan,
     }
+    if "task" in per_episode[0]:
+        figures["per_task"] = per_task_figures(per_episode)
+    return figures
+
+
+def per_task_figures(per_episode: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per task of a multi-task evaluation (rows with a `task`), in the order tasks first appear: its
+    success rate with Wilson's 95% interval, average max and sum reward, mean steps and episode count.
+
+    The overall `pc_success` of a plan with as many episodes per task is the mean over tasks of these."""
+    by_task: dict[str, list[dict[str, Any]]] = {}
+    for row in per_episode:
+        by_task.setdefault(row["task"], []).append(row)
+    figures = {}
+    for task, rows in by_task.items():
+        successes, n = sum(bool(r["success"]) for r in rows), len(rows)
+        low, high = wilson_interval(successes, n)
+        figures[task] = {
+            "pc_success": 100.0 * successes / n,
+            "pc_success_ci95_low": 100.0 * low,
+            "pc_success_ci95_high": 100.0 * high,
+            "avg_max_reward": float(np.mean([r["max_reward"] for r in rows])),
+            "avg_sum_reward": float(np.mean([r["sum_reward"] for r in rows])),
+            "avg_steps": float(np.mean([r["n_steps"] for r in rows])),
+            "n_episodes": n,
+        }
+    return figures
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:

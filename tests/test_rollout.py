@@ -471,9 +471,10 @@ def test_wilson_interval_matches_known_values_and_aggregates_carry_intervals():
 
 
 def test_episode_figures_come_from_the_steps_kept_since_the_oldest_running_episode_began():
+    from lerobot.envs.tasks import episode_plan
     from lerobot.rollout import _Episodes
 
-    episodes = _Episodes(n_episodes=3, start_seed=0, num_envs=2)
+    episodes = _Episodes(episode_plan(3, start_seed=0), num_envs=2)
     episodes.start(np.arange(2))  # episodes 0 and 1
     rng = np.random.default_rng(0)
     rewards = rng.random((7, 2)).astype(np.float32)  # float32 rewards are summed in float64

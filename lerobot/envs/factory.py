@@ -16,6 +16,7 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
+from gymnasium.envs.registration import load_env_creator
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, VectorEnv
 from gymnasium.vector.async_vector_env import AsyncState
 from omegaconf import OmegaConf
@@ -94,10 +95,35 @@ def make_single_env(env_cfg: EnvConfig, render_mode: str | None = None) -> gym.E
     return build_env(
         env_cfg.gym_id,
         env_cfg.max_episode_steps,
-        dict(env_cfg.gym_kwargs),
+        _gym_kwargs(env_cfg),
         render_mode,
         dict(env_cfg.observation_keys),
     )
+
+
+def _gym_kwargs(env_cfg: EnvConfig) -> dict:
+    """The keyword arguments of the env: `env.gym_kwargs`, plus `task` for a multi-task env."""
+    kwargs = dict(env_cfg.gym_kwargs)
+    if env_cfg.task is not None:
+        kwargs["task"] = env_cfg.task if isinstance(env_cfg.task, str) else [str(t) for t in env_cfg.task]
+    return kwargs
+
+
+def env_task_names(env_cfg: EnvConfig) -> list[str] | None:
+    """The tasks that `env.task` names, as the env's class resolves them (its `task_names(task)`), in the order
+    evaluation runs them; None for a single-task env (`env.task` null)."""
+    if env_cfg.task is None:
+        return None
+    _check_env_config(env_cfg)
+    entry_point = gym.spec(registered_id(env_cfg.gym_id)).entry_point
+    env_class = load_env_creator(entry_point) if isinstance(entry_point, str) else entry_point
+    resolve = getattr(env_class, "task_names", None)
+    if resolve is None:
+        raise ConfigError(
+            f"env.task={env_cfg.task!r}: env {env_cfg.name!r} runs one task; remove env.task (or use a "
+            "multi-task env such as env=metaworld)"
+        )
+    return list(resolve(_gym_kwargs(env_cfg)["task"]))
 
 
 def _check_env_config(env_cfg: EnvConfig) -> None:
@@ -165,7 +191,7 @@ def make_env(
     args = (
         env_cfg.gym_id,
         env_cfg.max_episode_steps,
-        dict(env_cfg.gym_kwargs),
+        _gym_kwargs(env_cfg),
         render_mode,
         dict(env_cfg.observation_keys),
     )
