@@ -345,3 +345,54 @@ def test_pixel_demonstrations_record_with_the_expert_and_train_a_pixel_policy_wi
     policy = load_policy(run)
     assert "observation.environment_state" not in policy.config.input_features
     assert policy.config.image_features == {"observation.image": [3, 96, 96]}
+
+
+def test_action_repeat_sums_rewards_and_tdmpc_trains_online_on_one_task(tmp_path):
+    """TD-MPC2's MetaWorld protocol (action repeat 2, 100-step episodes): a repeated step is two MetaWorld
+    steps with their rewards summed; TD-MPC learns online on env=metaworld with a tiny model."""
+    once, twice = MetaWorldEnv(task="reach-v3"), MetaWorldEnv(task="reach-v3", action_repeat=2)
+    try:
+        once.reset(seed=3)
+        twice.reset(seed=3)
+        action = np.full(4, 0.5, dtype=np.float32)
+        first = once.step(action)
+        second = once.step(action)
+        repeated = twice.step(action)
+        np.testing.assert_array_equal(repeated[0]["state"], second[0]["state"])
+        assert repeated[1] == pytest.approx(first[1] + second[1])
+    finally:
+        once.close()
+        twice.close()
+
+    from lerobot.cli.train import train_main
+
+    code = train_main(
+        [
+            "+experiment=tdmpc_metaworld",
+            "env.max_episode_steps=10",
+            "policy.latent_dim=16",
+            "policy.enc_dim=32",
+            "policy.mlp_dim=32",
+            "policy.horizon=2",
+            "policy.iterations=1",
+            "policy.num_samples=8",
+            "policy.num_elites=2",
+            "policy.num_pi_trajs=1",
+            "training.steps=30",
+            "training.batch_size=8",
+            "training.learning_starts=10",
+            "training.save_freq=30",
+            "training.save_buffer=false",
+            "training.log_freq=10",
+            "eval.freq=30",
+            "eval.n_episodes=1",
+            "eval.batch_size=1",
+            "eval.max_episodes_rendered=0",
+            f"output_dir={tmp_path / 'run'}",
+        ]
+    )
+    assert code == 0
+    info = json.loads(next((tmp_path / "run" / "eval").glob("step_*/eval_info.json")).read_text())
+    assert [r["task"] for r in info["per_episode"]] == ["reach-v3"] and info["per_episode"][0][
+        "n_steps"
+    ] == 10

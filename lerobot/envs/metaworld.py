@@ -12,6 +12,8 @@ task set, the task chosen by the reset seed.
   renderer; edges are aliased and objects cast no shadow). `false` renders MetaWorld's full-quality scene.
 - `terminate_on_success`: the episode ends at its first successful step (scripted demonstrations stop
   there; success, "the flag ever set within the horizon", is the same either way).
+- `action_repeat`: MetaWorld steps per env step, the action held and the rewards summed (TD-MPC's protocol
+  uses 2 with 100-step episodes); success if any of them succeeded. 1 by default.
 
 What this fixes in the package: the goal is observable (MetaWorld's multi-task protocol), the observation
 space declares bounds that hold (MetaWorld's own declares the goal dims as exactly 0), `info["is_success"]`
@@ -127,10 +129,14 @@ class MetaWorldEnv(gym.Env):
         height: int = 96,
         fast_render: bool = True,
         terminate_on_success: bool = True,
+        action_repeat: int = 1,
         render_mode: str | None = None,
     ):
         if obs_type not in OBS_TYPES:
             raise ConfigError(f"env.gym_kwargs.obs_type={obs_type!r}: expected one of {OBS_TYPES}")
+        if action_repeat < 1:
+            raise ConfigError(f"env.gym_kwargs.action_repeat={action_repeat} must be >= 1")
+        self.action_repeat = int(action_repeat)
         self.tasks = task_names(task)
         self.obs_type, self.camera = obs_type, camera
         self.width, self.height = int(width), int(height)
@@ -223,11 +229,18 @@ class MetaWorldEnv(gym.Env):
         return self._observation(state), {"task": self._task}
 
     def step(self, action: np.ndarray):
-        """One MetaWorld step; `info["is_success"]` is MetaWorld's success flag of this step."""
-        state, reward, _, truncated, info = self._env.step(np.asarray(action, dtype=np.float32))
-        success = bool(info["success"])
+        """`action_repeat` MetaWorld steps with `action`; the rewards summed, `info["is_success"]` whether
+        MetaWorld's success flag was set at any of them."""
+        action = np.asarray(action, dtype=np.float32)
+        total, success = 0.0, False
+        for _ in range(self.action_repeat):
+            state, reward, _, truncated, info = self._env.step(action)
+            total += float(reward)
+            success = success or bool(info["success"])
+            if truncated or (success and self.terminate_on_success):
+                break
         info = {**info, "is_success": success, "task": self._task}
-        return self._observation(state), float(reward), success and self.terminate_on_success, truncated, info
+        return self._observation(state), total, success and self.terminate_on_success, truncated, info
 
     def _observation(self, state: np.ndarray) -> dict[str, np.ndarray]:
         task_index = self._task_index.copy()

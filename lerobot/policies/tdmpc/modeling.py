@@ -110,7 +110,7 @@ class TDMPCPolicy(OnlinePolicy):
         for key in self.obs_keys:
             x = self.normalizer.normalize(key, batch[key])
             n_feat_dims = len(self.config.input_features[key].shape)
-            parts.append(x.flatten(start_dim=x.ndim - n_feat_dims))
+            parts.append(x.flatten(start_dim=x.ndim - n_feat_dims) if n_feat_dims else x.unsqueeze(-1))
         return torch.cat(parts, dim=-1)
 
     @torch.no_grad()

@@ -250,8 +250,19 @@ class BoundsNormalizer(nn.Module):
         for key in self.keys:
             feat = features[key]
             shape = tuple(feat.shape)
-            low = torch.as_tensor(feat.low, dtype=torch.float32).expand(shape).clone()
-            high = torch.as_tensor(feat.high, dtype=torch.float32).expand(shape).clone()
+            # A scalar feature (e.g. a task index) has one bound each, given as a one-element list.
+            low = (
+                torch.as_tensor(feat.low, dtype=torch.float32)
+                .reshape(-1 if shape else ())
+                .expand(shape)
+                .clone()
+            )
+            high = (
+                torch.as_tensor(feat.high, dtype=torch.float32)
+                .reshape(-1 if shape else ())
+                .expand(shape)
+                .clone()
+            )
             if torch.any(high <= low):
                 raise ValueError(
                     f"feature {key!r}: every high must exceed its low, got {feat.low}, {feat.high}"
