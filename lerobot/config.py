@@ -44,6 +44,11 @@ class FeatureConfig:
     # statistics (online RL) normalize with them.
     low: list[float] | None = None
     high: list[float] | None = None
+    # A `task` feature's vocabulary: id i is task `names[i]` (MetaWorld: the 50 task names, sorted). A dataset
+    # without the feature gets it from each episode's task string (`lerobot.datasets.factory.task_ids`).
+    names: list[str] | None = None
+    # Task name -> the sentence a dataset may name it by instead (LeRobot's MetaWorld task descriptions).
+    descriptions: dict[str, str] | None = None
 
 
 @dataclass
@@ -106,6 +111,9 @@ class DatasetConfig:
     # Fraction of whole episodes held out for validation, drawn with `split_seed`.
     val_fraction: float = 0.0
     split_seed: int = 0
+    # [height, width]: a LeRobotDataset's camera frames are resized to this at import (each pixel the mean of
+    # the source pixels it covers), e.g. LeRobot's 480x480 MetaWorld frames for a 96x96 env; null keeps them.
+    image_size: list[int] | None = None
 
 
 @dataclass

@@ -34,7 +34,9 @@ from lerobot.datasets.format import (
     feature_file,
     load_episode_stats,
     read_meta,
+    stack_episode_stats,
     stats_to_tensors,
+    sufficient_stats,
 )
 from lerobot.errors import DatasetError, DeltaTimestampsError
 
@@ -55,6 +57,9 @@ class EpisodeDataset(Dataset):
         stats_episodes: episodes the statistics are computed over (default: `episodes`); the validation
             split passes the training episodes here so both splits normalize alike.
         in_memory: read the arrays into RAM instead of memory-mapping them.
+        derived: feature -> (num_frames, *shape) array over all frames of the dataset, served like a stored
+            feature (windows, statistics): features computed when the dataset is opened, e.g. a task id
+            from each episode's task string (`lerobot.datasets.factory.task_ids`).
 
     Opening checks every loaded numeric (non-image) array against the per-episode min/max written at
     conversion, so a file changed or damaged since (NaN, 1e30) is a `DatasetError` naming the file, episode
@@ -73,10 +78,22 @@ class EpisodeDataset(Dataset):
         keys: Sequence[str] | None = None,
         stats_episodes: Sequence[int] | None = None,
         in_memory: bool = False,
+        derived: Mapping[str, np.ndarray] | None = None,
     ):
         self.root = Path(root)
         self.in_memory = in_memory
         self.meta = read_meta(self.root)
+        self._derived = {k: np.asarray(v) for k, v in (derived or {}).items()}
+        for key, values in self._derived.items():
+            if len(values) != self.meta["num_frames"]:
+                raise ValueError(
+                    f"derived feature {key!r} has {len(values)} frames, the dataset {self.meta['num_frames']}"
+                )
+            self.meta["features"][key] = {
+                "shape": list(values.shape[1:]),
+                "dtype": str(values.dtype),
+                "kind": "other",
+            }
         self._fps = int(self.meta["fps"])
         ends = np.asarray(self.meta["episode_ends"], dtype=np.int64)
         self._all_starts = np.concatenate([[0], ends[:-1]])
@@ -109,6 +126,10 @@ class EpisodeDataset(Dataset):
         self._arrays: dict[str, np.ndarray] = {}
         self._open_arrays()
         self._episode_stats = load_episode_stats(self.root)
+        for key, values in self._derived.items():
+            bounds = zip(self._all_starts, self._all_ends)
+            stacked = stack_episode_stats([sufficient_stats(values[s:e]) for s, e in bounds])
+            self._episode_stats.update({f"{key}/{n}": v for n, v in stacked.items()})
         self._check_values()
         self._stats: dict[str, dict[str, torch.Tensor]] | None = None
 
@@ -131,6 +152,9 @@ class EpisodeDataset(Dataset):
         """Memory-map (or read) every needed `.npy` and check its shape and dtype against `meta.json`."""
         num_frames = int(self.meta["num_frames"])
         for key in [*self.keys, *BOOKKEEPING_KEYS]:
+            if key in self._derived:
+                self._arrays[key] = self._derived[key]
+                continue
             path = feature_file(self.root, key)
             info = self.meta["features"][key]
             try:

@@ -20,8 +20,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from lerobot.config import DatasetConfig, EnvConfig
-from lerobot.constants import ACTION
+from lerobot.config import DatasetConfig, EnvConfig, FeatureConfig
+from lerobot.constants import ACTION, TASK, VISUAL
 from lerobot.datasets.episode_dataset import EpisodeDataset, collate_batch
 from lerobot.datasets.format import META_FILE, read_meta
 from lerobot.datasets.lerobot_import import LEROBOT_FORMAT, prepare_lerobot
@@ -53,6 +53,11 @@ def import_dataset(dataset_cfg: DatasetConfig) -> Path:
     if importer is None:
         raise ConfigError(
             f"dataset.format={name!r} is unknown; expected one of {', '.join(sorted(IMPORTERS))}"
+        )
+    if dataset_cfg.image_size is not None and name != LEROBOT_FORMAT:
+        raise ConfigError(
+            f"dataset.image_size resizes the camera frames of a LeRobotDataset at import; dataset.format={name} "
+            "keeps its frames as recorded: unset dataset.image_size"
         )
     return importer(dataset_cfg)
 
@@ -125,16 +130,26 @@ def make_dataset(
     root = import_dataset(dataset_cfg)
     wanted = list(dict.fromkeys([*env_cfg.features, ACTION, *(keys or [])]))
     probe = EpisodeDataset(root)
-    missing = [k for k in wanted if k not in probe.keys]
+    # A task input the data lacks comes from each episode's task string and the feature's vocabulary.
+    derived = {
+        key: task_ids(probe.meta, key, feature, root)
+        for key, feature in env_cfg.features.items()
+        if feature.kind == TASK and key not in probe.keys and feature.names
+    }
+    missing = [k for k in wanted if k not in probe.keys and k not in derived]
     if missing:
         raise ConfigError(
             f"the {dataset_format(dataset_cfg)} dataset at {root} has no feature {missing} that env {env_cfg.name!r} "
             f"needs (it has {probe.keys}); pick the env the data was recorded with or another dataset.format"
         )
     for key, feature in env_cfg.features.items():
-        if tuple(feature.shape) != probe.features[key]:
+        have = tuple(derived[key].shape[1:]) if key in derived else probe.features[key]
+        if tuple(feature.shape) != have:
+            fix = ""
+            if feature.kind == VISUAL and dataset_format(dataset_cfg) == LEROBOT_FORMAT and len(have) == 3:
+                fix = f"; set dataset.image_size={list(feature.shape[1:])} to resize the frames at import"
             raise ConfigError(
-                f"env.features.{key}.shape={list(feature.shape)} but the dataset at {root} has {list(probe.features[key])}"
+                f"env.features.{key}.shape={list(feature.shape)} but the dataset at {root} has {list(have)}{fix}"
             )
     if env_cfg.fps != probe.fps:
         raise ConfigError(f"env.fps={env_cfg.fps} but the dataset at {root} was recorded at {probe.fps} fps")
@@ -147,7 +162,90 @@ def make_dataset(
         episodes=train if split == "train" else val,
         keys=wanted,
         stats_episodes=train,
+        derived=derived,
     )
+
+
+def task_ids(meta: Mapping[str, Any], key: str, feature: FeatureConfig, root: Path) -> np.ndarray:
+    """The id of each frame's task in the vocabulary of task feature `key`, from each episode's task string.
+
+    The rule, for a dataset that records its episodes' tasks (LeRobot's task table, kept by the importer in
+    `meta.json`) but not the feature itself: an episode's task string is looked up among `feature.names`
+    (id i is `names[i]`), else among `feature.descriptions` (name -> the sentence a dataset may use instead).
+    Every episode must have one task, and its string must name exactly one id.
+
+    Args:
+        meta: the converted dataset's `meta.json` (`tasks`, `episode_tasks`, `episode_ends`).
+        key: the feature (batch key), e.g. `observation.task_index`.
+        feature: its config: shape [], `names`, optional `descriptions` and `high`.
+        root: the converted dataset, for messages.
+
+    Returns:
+        (num_frames,) int64 ids, episodes one after another.
+
+    Raises:
+        ConfigError: a vocabulary that does not fit the feature, a dataset recording no tasks or several in one
+            episode, or a task string that names no id or several (one line naming the string, its episodes and
+            what was expected).
+    """
+    names = list(feature.names or [])
+    descriptions = dict(feature.descriptions or {})
+    where = f"env.features.{key}"
+    if list(feature.shape) != [] or len(set(names)) != len(names):
+        raise ConfigError(
+            f"{where}: a task vocabulary needs shape [] and distinct names, got shape {list(feature.shape)}"
+        )
+    if feature.high and int(max(feature.high)) != len(names) - 1:
+        raise ConfigError(
+            f"{where}.high={list(feature.high)} but its names number {len(names)} ids (0..{len(names) - 1})"
+        )
+    unknown = [name for name in descriptions if name not in names]
+    if unknown:
+        raise ConfigError(f"{where}.descriptions describes {unknown}, which are not among its names")
+    tasks, episode_tasks = meta.get("tasks"), meta.get("episode_tasks")
+    if tasks is None or episode_tasks is None:
+        raise ConfigError(
+            f"the dataset at {root} has no feature {key!r} and records no task per episode to derive it from; "
+            "use a LeRobotDataset with a task table (meta/tasks) or one recorded with the feature"
+        )
+    by_name = {name: i for i, name in enumerate(names)}
+    by_description: dict[str, list[str]] = {}
+    for name, text in descriptions.items():
+        by_description.setdefault(text, []).append(name)
+    ids = np.empty(len(tasks), dtype=np.int64)
+    episodes_of = {t: [e for e, ts in enumerate(episode_tasks) if t in ts] for t in range(len(tasks))}
+    for t, text in enumerate(tasks):
+        if not episodes_of[t]:
+            ids[t] = -1  # in the table, in no episode: nothing to resolve
+            continue
+        found = [text] if text in by_name else by_description.get(text, [])
+        episodes = _some(episodes_of[t])
+        if not found:
+            raise ConfigError(
+                f"task {text!r} of episodes {episodes} in the dataset at {root} is not a task of {where}: expected "
+                f"one of its names (e.g. {names[0]!r}) or descriptions (e.g. {next(iter(by_description), None)!r})"
+            )
+        if len(found) > 1:
+            raise ConfigError(
+                f"task {text!r} of episodes {episodes} in the dataset at {root} describes {len(found)} tasks of "
+                f"{where} ({', '.join(sorted(found))}), so it names none; give those episodes a task name in the "
+                f"dataset's task table or drop all but one of these from {where}.descriptions"
+            )
+        ids[t] = by_name[found[0]]
+    several = [e for e, ts in enumerate(episode_tasks) if len(ts) != 1]
+    if several:
+        raise ConfigError(
+            f"episodes {_some(several)} of the dataset at {root} have {len(episode_tasks[several[0]])} tasks; "
+            f"{where} takes one task per episode"
+        )
+    lengths = np.diff(np.asarray([0, *meta["episode_ends"]], dtype=np.int64))
+    return np.repeat(ids[[ts[0] for ts in episode_tasks]], lengths)
+
+
+def _some(items: Sequence[int], shown: int = 5) -> str:
+    """`[1, 2, 3]`, or the first `shown` items and how many more."""
+    head = ", ".join(map(str, items[:shown]))
+    return f"[{head}]" if len(items) <= shown else f"[{head}, ... {len(items) - shown} more]"
 
 
 class StepBatchSampler(Sampler[list[int]]):

@@ -21,6 +21,12 @@ the row's PNG bytes. Row timestamps must be `frame_index / fps` within the same 
 `delta_timestamps` count frames). Statistics are computed from the imported data exactly as for the zarr
 (per-episode sums; camera frames of either storage alike), and the dataset's own min/max (`stats.json`, or
 `episodes_stats.jsonl` for v2.1) must agree with the data.
+
+With `dataset.image_size=[h, w]` every camera frame is resized to h x w as it is decoded (each pixel the mean
+of the source pixels it covers: PIL's box filter), so a 480x480 recording for a 96x96 env converts to 1/25 of
+the bytes; each size is its own conversion (`v1-96x96/`). The task table (LeRobot's `task_index` -> task
+string) and the tasks of each episode are kept in `meta.json` (`tasks`, `episode_tasks`), from which
+`make_dataset` derives a task feature the env declares and the dataset lacks (`factory.task_ids`).
 """
 
 from __future__ import annotations
@@ -56,15 +62,19 @@ from lerobot.datasets.format import (
 from lerobot.datasets.lerobot_format import (
     INFO_PATH,
     LEGACY_EPISODES_STATS_PATH,
+    LEGACY_TASKS_PATH,
     STATS_PATH,
+    TASKS_PATH,
     TOLERANCE_S,
     V30,
     LeRobotSource,
+    _load_jsonl,
     column_to_numpy,
     decode_images_into,
     decode_video_into,
     iter_episode_tables,
     open_lerobot_dataset,
+    read_parquet,
 )
 from lerobot.datasets.pusht_import import default_cache_dir
 from lerobot.errors import ConfigError, DatasetError, DatasetNotFoundError
@@ -77,7 +87,10 @@ LEROBOT_FORMAT = "lerobot"
 DEFAULT_REVISION = "v3.0"
 CONVERTED_NAME = f"v{FORMAT_VERSION}"
 # Part of the fingerprint: bumped when the conversion's output changes, so existing imports are rebuilt.
-CONVERTER_REVISION = 1
+# 2: meta.json holds the task table and each episode's tasks.
+CONVERTER_REVISION = 2
+# LeRobot's per-frame column pointing into its task table.
+LEROBOT_TASK_INDEX = "task_index"
 # Batch-key kinds of LeRobot's standard feature names (`observation.images.*` and videos are visual).
 KINDS = {OBS_STATE: STATE, OBS_ENV_STATE: ENV_STATE, ACTION: ACTION_KIND}
 
@@ -141,24 +154,48 @@ def _hub_snapshot(repo_id: str, revision: str, local: Path) -> Path:
     return path
 
 
+def image_size_of(dataset_cfg: DatasetConfig) -> tuple[int, int] | None:
+    """`dataset.image_size` as (height, width), or None; anything but two positive integers is a ConfigError."""
+    size = dataset_cfg.image_size
+    if size is None:
+        return None
+    values = list(size)
+    if len(values) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values):
+        raise ConfigError(
+            f"dataset.image_size={values}: expected [height, width], two positive integers, or null"
+        )
+    return values[0], values[1]
+
+
 def converted_dir(dataset_cfg: DatasetConfig, source: Path) -> Path:
-    """`<cache>/lerobot_datasets/<repo_id>/v1`; a `dataset.root` without a repo_id is keyed by its path."""
+    """`<cache>/lerobot_datasets/<repo_id>/v1` (`v1-<h>x<w>` with `dataset.image_size`); a `dataset.root`
+    without a repo_id is keyed by its path."""
     name = dataset_cfg.repo_id or f"local/{hashlib.sha256(str(source.resolve()).encode()).hexdigest()[:16]}"
-    return default_cache_dir(dataset_cfg) / "lerobot_datasets" / name / CONVERTED_NAME
+    size = image_size_of(dataset_cfg)
+    version = CONVERTED_NAME if size is None else f"{CONVERTED_NAME}-{size[0]}x{size[1]}"
+    return default_cache_dir(dataset_cfg) / "lerobot_datasets" / name / version
 
 
 def prepare_lerobot(dataset_cfg: DatasetConfig) -> Path:
     """The importer of `dataset.format=lerobot`: find the LeRobotDataset, convert it once, return the result."""
     source = find_lerobot_source(dataset_cfg)
-    return convert_lerobot_dataset(source, converted_dir(dataset_cfg, source), name=dataset_cfg.repo_id)
+    return convert_lerobot_dataset(
+        source,
+        converted_dir(dataset_cfg, source),
+        name=dataset_cfg.repo_id,
+        image_size=image_size_of(dataset_cfg),
+    )
 
 
-def source_fingerprint(source: LeRobotSource) -> str:
-    """sha256 of the converter revision, the metadata and parquet files (content) and the videos (name, size).
+def source_fingerprint(source: LeRobotSource, image_size: tuple[int, int] | None = None) -> str:
+    """sha256 of the converter revision, the frame size asked for, the metadata and parquet files (content)
+    and the videos (name, size).
 
     Videos are identified by path and size only: hashing gigabytes of video on every start is not worth it.
     """
     digest = hashlib.sha256(f"lerobot-v{FORMAT_VERSION}-r{CONVERTER_REVISION}".encode())
+    if image_size is not None:
+        digest.update(f"image_size={image_size[0]}x{image_size[1]}".encode())
     root = source.root
     files = sorted(p for p in (root / "meta").rglob("*") if p.is_file())
     files += sorted({ep.data_path for ep in source.episodes})
@@ -173,52 +210,64 @@ def source_fingerprint(source: LeRobotSource) -> str:
 
 
 def convert_lerobot_dataset(
-    source_dir: Path | str, out_dir: Path | str, name: str | None = None, force: bool = False
+    source_dir: Path | str,
+    out_dir: Path | str,
+    name: str | None = None,
+    force: bool = False,
+    image_size: tuple[int, int] | None = None,
 ) -> Path:
     """Convert the LeRobotDataset at `source_dir` into the project's format at `out_dir`; return `out_dir`.
 
     Idempotent (same fingerprint: nothing to do unless `force`) and atomic (written beside `out_dir`, renamed
-    into place), like the PushT zarr conversion.
+    into place), like the PushT zarr conversion. `image_size` (height, width): resize every camera frame to
+    it (see the module docstring); None keeps the recorded size.
 
     Raises:
         DatasetError: anything malformed, named in one line (see `lerobot.datasets.lerobot_format`).
     """
     out_dir = Path(out_dir)
     source = open_lerobot_dataset(source_dir)
-    fingerprint = source_fingerprint(source)
+    fingerprint = source_fingerprint(source, image_size)
     t0 = time.perf_counter()
     written = write_conversion(
-        out_dir, fingerprint, converted_bytes(source),
-        lambda tmp: _write_converted(source, tmp, fingerprint, name or source.root.name), force,
+        out_dir, fingerprint, converted_bytes(source, image_size),
+        lambda tmp: _write_converted(source, tmp, fingerprint, name or source.root.name, image_size), force,
     )  # fmt: skip
     if written:
         log.info("imported %s -> %s in %.1f s", source.root, out_dir, time.perf_counter() - t0)
     return out_dir
 
 
-def converted_bytes(source: LeRobotSource) -> int:
+def converted_bytes(source: LeRobotSource, image_size: tuple[int, int] | None = None) -> int:
     """Bytes the import writes: uint8 frames of the camera features plus 8 bytes per number per frame (a bound)."""
-    per_frame = sum(3 * int(np.prod(source.frame_shape(k))) for k in [*source.video_keys, *source.image_keys])
+    cameras = [*source.video_keys, *source.image_keys]
+    per_frame = sum(3 * int(np.prod(image_size or source.frame_shape(k))) for k in cameras)
     per_frame += 8 * sum(max(1, int(np.prod(source.features[k]["shape"]))) for k in source.numeric_keys) + 24
     return source.num_frames * per_frame
 
 
-def _our_shape(source: LeRobotSource, key: str) -> tuple[int, ...]:
-    """The per-frame shape in the project's format: images (3, H, W), scalars (), vectors (d,)."""
+def _our_shape(source: LeRobotSource, key: str, image_size: tuple[int, int] | None = None) -> tuple[int, ...]:
+    """The per-frame shape in the project's format: images (3, H, W) (H, W: `image_size` when given),
+    scalars (), vectors (d,)."""
     if key in source.video_keys or key in source.image_keys:
-        return (3, *source.frame_shape(key))
+        return (3, *(image_size or source.frame_shape(key)))
     shape = tuple(int(s) for s in source.features[key]["shape"])
     return () if shape == (1,) else shape
 
 
-def _write_converted(source: LeRobotSource, out: Path, fingerprint: str, name: str) -> None:
+def _write_converted(
+    source: LeRobotSource, out: Path, fingerprint: str, name: str, image_size: tuple[int, int] | None = None
+) -> None:
     """Write the numeric arrays, the decoded frames, the statistics and (last) `meta.json` into `out`."""
     fps, numeric, videos, images = source.fps, source.numeric_keys, source.video_keys, source.image_keys
     lengths = np.array([ep.length for ep in source.episodes], dtype=np.int64)
     ends = np.cumsum(lengths)
     starts = ends - lengths
     num_frames = int(ends[-1])
-    shapes = {k: _our_shape(source, k) for k in [*numeric, *videos, *images]}
+    shapes = {k: _our_shape(source, k, image_size) for k in [*numeric, *videos, *images]}
+    tasks = read_task_table(source)
+    task_column = [LEROBOT_TASK_INDEX] if tasks is not None and LEROBOT_TASK_INDEX in source.features else []
+    episode_tasks: list[list[int]] = []
 
     values: dict[str, list[np.ndarray]] = {k: [] for k in numeric}
     timestamps = np.empty(num_frames, dtype=np.float64)
@@ -227,7 +276,9 @@ def _write_converted(source: LeRobotSource, out: Path, fingerprint: str, name: s
     pixels_of = {
         k: open_preallocated_memmap(feature_file(out, k), np.uint8, (num_frames, *shapes[k])) for k in images
     }
-    for ep, table in iter_episode_tables(source, [*numeric, *images, "timestamp", "frame_index"]):
+    for ep, table in iter_episode_tables(
+        source, [*numeric, *images, *task_column, "timestamp", "frame_index"]
+    ):
         lo, hi = int(starts[ep.index]), int(ends[ep.index])
         path = ep.data_path
         frames = column_to_numpy(table, "frame_index", (), path).astype(np.int64)
@@ -247,7 +298,11 @@ def _write_converted(source: LeRobotSource, out: Path, fingerprint: str, name: s
                 column_to_numpy(table, key, shapes[key] or (1,), path).reshape(ep.length, *shapes[key])
             )
         for key in images:
-            decode_images_into(table, key, pixels_of[key], np.arange(lo, hi), path, ep.index)
+            dest = _resizing(pixels_of[key], source.frame_shape(key))
+            decode_images_into(table, key, dest, np.arange(lo, hi), path, ep.index)
+        if task_column:
+            ids = column_to_numpy(table, LEROBOT_TASK_INDEX, (), path).astype(np.int64)
+            episode_tasks.append(_episode_tasks(ids, len(tasks), path, ep.index))
 
     arrays = {k: np.concatenate(v) for k, v in values.items()}
     for key, arr in arrays.items():
@@ -303,6 +358,8 @@ def _write_converted(source: LeRobotSource, out: Path, fingerprint: str, name: s
         "num_episodes": len(lengths),
         "episode_ends": ends.tolist(),
         "features": features,
+        # LeRobot's task table (string of each task_index) and the task_index values of each episode.
+        **({"tasks": tasks, "episode_tasks": episode_tasks} if task_column else {}),
         "source": {
             "format": LEROBOT_FORMAT,
             "path": str(source.root),
@@ -324,6 +381,7 @@ def _decode_feature(
 ) -> np.ndarray:
     """Decode every frame of video feature `key` into `<key>.npy` (N, 3, H, W) uint8, one pass per mp4."""
     dest = open_preallocated_memmap(feature_file(out, key), np.uint8, (num_frames, *shape))
+    frames = _resizing(dest, source.frame_shape(key))
     by_file: dict[Path, list[tuple[np.ndarray, np.ndarray]]] = {}
     for ep in source.episodes:
         ref = ep.videos[key]
@@ -331,10 +389,74 @@ def _decode_feature(
         by_file.setdefault(ref.path, []).append((ref.from_timestamp + timestamps[rows], rows))
     for path, parts in by_file.items():
         decode_video_into(
-            path, np.concatenate([t for t, _ in parts]), dest, np.concatenate([r for _, r in parts])
+            path, np.concatenate([t for t, _ in parts]), frames, np.concatenate([r for _, r in parts])
         )
     dest.flush()
     return dest
+
+
+def read_task_table(source: LeRobotSource) -> list[str] | None:
+    """LeRobot's task table: the task string of each `task_index` 0..T-1 (v3.0 `meta/tasks.parquet`, v2.1
+    `meta/tasks.jsonl`), or None for a dataset without one.
+
+    Raises:
+        DatasetError: the table does not number its tasks 0..T-1 once each.
+    """
+    if source.version == V30:
+        path = source.root / TASKS_PATH
+        if not path.is_file():
+            return None
+        table = read_parquet(path, ["task_index", "task"]).to_pydict()
+        rows = list(zip(table["task_index"], table["task"]))
+    else:
+        path = source.root / LEGACY_TASKS_PATH
+        if not path.is_file():
+            return None
+        rows = [(row.get("task_index"), row.get("task")) for row in _load_jsonl(path)]
+    if sorted(index for index, _ in rows if isinstance(index, int)) != list(range(len(rows))) or not all(
+        isinstance(task, str) for _, task in rows
+    ):
+        raise DatasetError(
+            f"{path}: expected task_index 0..{len(rows) - 1} once each, each with a task string"
+        )
+    return [task for _, task in sorted(rows)]
+
+
+def _episode_tasks(ids: np.ndarray, num_tasks: int, path: Path, episode: int) -> list[int]:
+    """The distinct task_index values (in order of first appearance) of one episode's rows `ids` (frames,)."""
+    bad = ids[(ids < 0) | (ids >= num_tasks)]
+    if bad.size:
+        raise DatasetError(
+            f"{path}: episode {episode}: task_index {int(bad[0])} is not in the task table (0..{num_tasks - 1})"
+        )
+    distinct, first = np.unique(ids, return_index=True)
+    return [int(t) for t in distinct[np.argsort(first)]]
+
+
+class _ResizedFrames:
+    """Where a decoder stores frames of the recorded size: each is resized into `dest` (N, 3, h, w) uint8.
+
+    A decoder sees `shape` (N, 3, H, W) of the recorded frames and assigns `frames[row] = image` (3, H, W);
+    the box filter makes each stored pixel the mean of the source pixels it covers.
+    """
+
+    def __init__(self, dest: np.ndarray, recorded: tuple[int, int]):
+        self.dest = dest
+        self.shape = (dest.shape[0], dest.shape[1], *recorded)
+
+    def __setitem__(self, row: int, image: np.ndarray) -> None:
+        from PIL import Image  # imported here: only importing a LeRobotDataset decodes
+
+        height, width = self.dest.shape[2:]
+        resized = Image.fromarray(np.ascontiguousarray(image.transpose(1, 2, 0))).resize(
+            (width, height), Image.Resampling.BOX
+        )
+        self.dest[row] = np.asarray(resized).transpose(2, 0, 1)
+
+
+def _resizing(dest: np.ndarray, recorded: tuple[int, int]) -> np.ndarray | _ResizedFrames:
+    """`dest` itself when its frames have the recorded size, else a `_ResizedFrames` writing into it."""
+    return dest if tuple(dest.shape[2:]) == tuple(recorded) else _ResizedFrames(dest, recorded)
 
 
 def _check_against_source_stats(
