@@ -12,10 +12,6 @@ import torch
 pytest.importorskip("metaworld", reason="MetaWorld envs need the [mujoco] extra (metaworld==3.1.1)")
 
 from omegaconf import OmegaConf  # noqa: E402
-
-# diffusers (loaded by the Diffusion policy) must load before the first EGL context of this process: loaded
-# after it, its torch imports crash the EGL driver. The CLIs build the policy before the envs anyway.
-import lerobot.policies.diffusion.modeling  # noqa: E402, F401
 from lerobot.cli import compose_config  # noqa: E402
 from lerobot.config import CONFIG_DIR, env_config, policy_config, validate_config  # noqa: E402
 from lerobot.envs import make_env  # noqa: E402

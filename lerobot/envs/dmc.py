@@ -29,16 +29,13 @@ without it; building an env without it raises `ConfigError` naming the install c
 
 from __future__ import annotations
 
-import contextlib
-import ctypes.util
-import os
-import sys
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from lerobot.envs.rendering import choose_gl_backend, load_before_gl
 from lerobot.errors import ConfigError
 
 # The id as registered, and as configs name it: gymnasium's `module:id` form imports this module first
@@ -54,28 +51,13 @@ _DEFAULT_CAMERA = {"quadruped": 2}
 _MAX_SEED = 2**32
 
 
-def _default_gl_backend() -> str | None:
-    """A headless OpenGL backend whose library is installed (`egl`, then `osmesa`), or None."""
-    if ctypes.util.find_library("EGL"):
-        return "egl"
-    if ctypes.util.find_library("OSMesa"):
-        return "osmesa"
-    return None
-
-
 # Before dm_control is first imported (it reads MUJOCO_GL at import); a value the user exported wins.
-if "MUJOCO_GL" not in os.environ and (_backend := _default_gl_backend()) is not None:
-    os.environ["MUJOCO_GL"] = _backend
+choose_gl_backend()
 
 
 def _load_suite():
     """dm_control's `suite` module, or a `ConfigError` saying how to install it."""
-    if "torch" in sys.modules and os.environ.get("MUJOCO_GL") in ("egl", "osmesa"):
-        # dm_control opens the headless display when imported, which loads Mesa's LLVM; triton (which
-        # torch.compile and torch.optim's first use import) loaded after it crashes the process, loaded
-        # before it does not. A process that has torch may load triton later: load it now.
-        with contextlib.suppress(ImportError):
-            import triton  # noqa: F401
+    load_before_gl()  # dm_control opens the headless display when imported
     try:
         from dm_control import suite
     except ImportError as e:

@@ -31,19 +31,18 @@ with tasks. This module stays torch-free: async env workers import it.
 
 from __future__ import annotations
 
-import os
 from typing import Any
-
-# MuJoCo renders offscreen through EGL unless the user picked a backend (osmesa also works on a CPU; glfw
-# needs a display). Set before mujoco is imported.
-os.environ.setdefault("MUJOCO_GL", "egl")
 
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from lerobot.envs.rendering import choose_gl_backend, load_before_gl
 from lerobot.envs.tasks import split_task_seed, task_seed
 from lerobot.errors import ConfigError
+
+# A headless OpenGL backend unless the user picked one; mujoco reads it when metaworld imports it.
+choose_gl_backend()
 
 try:
     import metaworld  # noqa: F401 - registers nothing we use, but fails early and clearly when missing
@@ -189,6 +188,8 @@ class MetaWorldEnv(gym.Env):
             return
         if self._env is not None:
             self._env.close()
+        if self._renders:
+            load_before_gl()
         env = ALL_V3_ENVIRONMENTS[name](
             render_mode="rgb_array" if self._renders else None,
             camera_name=self.camera if self._renders else None,
