@@ -168,6 +168,10 @@ def test_unknown_and_ambiguous_task_strings_are_one_clear_error(tmp_path):
         ConfigError, match=r"describes 2 tasks of .* \(push-back-v3, push-v3\), so it names none"
     ):
         make_dataset(_data(tmp_path / "b", ambiguous), env)
+    # Told apart by the env's vocabulary (a YAML of one's own, docs/lerobot_dataset.md), the string names one.
+    env.features[TASK].descriptions["push-back-v3"] = "(none in this dataset)"
+    dataset = make_dataset(_data(tmp_path / "b", ambiguous), env)
+    assert _all_frames(dataset)[TASK][:5].tolist() == [env.features[TASK].names.index("push-v3")] * 5
     # Task names work as well as descriptions (the project's own recordings use them).
     named = _with_tasks(tmp_path / "c", ["push-back-v3", "Push and close a drawer"])
     dataset = make_dataset(_data(tmp_path / "c", named), env)
