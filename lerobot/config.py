@@ -72,11 +72,6 @@ class EnvConfig:
     features: dict[str, FeatureConfig] = field(default_factory=dict)
     # env observation path -> batch key (one of `features`); see the class docstring.
     observation_keys: dict[str, str] = field(default_factory=dict)
-
-    def input_features(self) -> dict[str, FeatureConfig]:
-        """Observation features (everything that is not an action)."""
-        return {k: v for k, v in self.features.items() if v.kind != ACTION_KIND}
-
     # Multi-task env families (MetaWorld): one task (`pick-place-v3`), a named set (`mt10`) or a list; the
     # env gets it as its `task` keyword, and evaluation runs `eval.n_episodes` episodes of each task. null
     # for a single-task env.
@@ -85,6 +80,11 @@ class EnvConfig:
     # evaluation clips the 95% interval of avg_max_reward to them (a normal interval leaves them at a few
     # episodes). null: not known, not clipped.
     reward_range: list[float] | None = None
+
+    def input_features(self) -> dict[str, FeatureConfig]:
+        """Observation features (everything that is not an action)."""
+        return {k: v for k, v in self.features.items() if v.kind != ACTION_KIND}
+
     def output_features(self) -> dict[str, FeatureConfig]:
         """Action features."""
         return {k: v for k, v in self.features.items() if v.kind == ACTION_KIND}
@@ -367,6 +367,21 @@ class PolicyConfig:
         return self._single_vector(ENV_STATE)
 
     @property
+    def task_feature(self) -> tuple[str, int] | None:
+        """`(key, number of task ids)` of the `task` input (a multi-task env's task index, a scalar per
+        step with ids 0 .. high), or None. The count comes from the feature's declared `high`."""
+        found = [(k, f) for k, f in self.input_features.items() if f.kind == TASK]
+        if not found:
+            return None
+        if len(found) > 1 or list(found[0][1].shape) != [] or not found[0][1].high:
+            raise ConfigError(
+                f"{self.name} policy takes one scalar 'task' input (shape []) with its highest id as `high`, got "
+                f"{[(k, f.shape, f.high) for k, f in found]}"
+            )
+        key, feature = found[0]
+        return key, int(max(feature.high)) + 1
+
+    @property
     def action_key(self) -> str:
         """Batch key of the (single) action feature."""
         (key,) = self.output_features
@@ -382,21 +397,6 @@ class PolicyConfig:
             )
         key, feature = found[0]
         if len(feature.shape) != 1:
-    @property
-    def task_feature(self) -> tuple[str, int] | None:
-        """`(key, number of task ids)` of the `task` input (a multi-task env's task index, a scalar per
-        step with ids 0 .. high), or None. The count comes from the feature's declared `high`."""
-        found = [(k, f) for k, f in self.input_features.items() if f.kind == TASK]
-        if not found:
-            return None
-        if len(found) > 1 or list(found[0][1].shape) != [] or not found[0][1].high:
-            raise ConfigError(
-                f"{self.name} policy takes one scalar 'task' input (shape []) with its highest id as `high`, got "
-                f"{[(k, f.shape, f.high) for k, f in found]}"
-            )
-        key, feature = found[0]
-        return key, int(max(feature.high)) + 1
-
             raise ConfigError(f"input feature {key!r} ({kind}) must be a vector, got shape {feature.shape}")
         return key, feature.shape[0]
 
