@@ -18,8 +18,9 @@ import numpy as np
 from lerobot.constants import EVAL_INFO_FILE
 
 
-def load_episodes(path: Path | str) -> dict[int, dict[str, Any]]:
-    """An evaluation's per-episode rows keyed by reset seed; `path` is `eval_info.json` or its directory."""
+def load_episodes(path: Path | str) -> dict[tuple[str | None, int], dict[str, Any]]:
+    """An evaluation's per-episode rows keyed by (task, reset seed) (task None for a single-task env); `path`
+    is `eval_info.json` or its directory. Raises `FileNotFoundError` or `ValueError` naming the file."""
     path = Path(path)
     file = path / EVAL_INFO_FILE if path.is_dir() else path
     if not file.is_file():
@@ -29,11 +30,16 @@ def load_episodes(path: Path | str) -> dict[int, dict[str, Any]]:
         )
     try:
         rows = json.loads(file.read_text())["per_episode"]
-    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        episodes = {}
+        for row in rows:
+            float(row["max_reward"]), bool(row["success"])  # the figures compared must be there
+            episodes[(row.get("task"), int(row["seed"]))] = row
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
         raise ValueError(
-            f"{file} is not an evaluation's {EVAL_INFO_FILE} (no per_episode rows): {exc}"
+            f"{file} is not an evaluation's {EVAL_INFO_FILE} (no per_episode rows with seed, max_reward and "
+            f"success): {type(exc).__name__}: {exc}"
         ) from exc
-    return {int(row["seed"]): row for row in rows}
+    return episodes
 
 
 def paired_difference(pairs: list[tuple[Path | str, Path | str]], z: float = 1.96) -> dict[str, float]:

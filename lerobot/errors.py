@@ -7,6 +7,9 @@ traceback.
 
 from __future__ import annotations
 
+import sys
+from typing import NoReturn
+
 
 class ConfigError(ValueError):
     """A configuration value is wrong; the message names the key and how to fix it."""
@@ -89,3 +92,12 @@ EXPECTED_ERRORS: tuple[type[BaseException], ...] = (
     TrainingDivergedError,
     FileNotFoundError,
 )
+
+
+def exit_with_error(message: str) -> NoReturn:
+    """End a small script (`scripts/plot_runs.py`, `scripts/compare_evals.py`) on input it cannot use as the
+    commands do: `error: <message>` on stderr, exit status 2. The `SystemExit` raised reads as `message`."""
+    print(f"error: {message}", file=sys.stderr)
+    stop = SystemExit(message)
+    stop.code = 2  # what the interpreter exits with; the message is printed already
+    raise stop

@@ -12,9 +12,11 @@ from __future__ import annotations
 import argparse
 
 from lerobot.compare import paired_difference
+from lerobot.errors import exit_with_error
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Print the paired differences `argv` asks for; bad input ends with one `error:` line and exit status 2."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("evals", nargs="+", help="BASE OTHER [BASE OTHER ...]: eval_info.json files or dirs")
     args = parser.parse_args(argv)
@@ -24,7 +26,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         r = paired_difference(pairs)
     except (FileNotFoundError, ValueError) as exc:
-        raise SystemExit(f"error: {exc}") from None
+        exit_with_error(str(exc))
     print(f"{r['n_pairs']} paired episodes over {len(pairs)} pair(s) of evaluations")
     print(
         f"avg_max_reward: base {r['base_avg_max_reward']:.3f}, other {r['other_avg_max_reward']:.3f}, "

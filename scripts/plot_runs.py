@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from lerobot.errors import exit_with_error
 from lerobot.training.metrics import METRICS_FILE, read_records
 
 
@@ -30,6 +31,7 @@ def training_hours(records: list[dict], gap_s: float) -> list[float]:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Plot the runs as `argv` says; bad input ends with one `error:` line and exit status 2."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", help="run directories, each optionally followed by :LABEL")
     parser.add_argument("--out", type=Path, required=True, help="PNG file to write")
@@ -47,12 +49,12 @@ def main(argv: list[str] | None = None) -> None:
         run_dir, _, label = spec.partition(":")
         path = Path(run_dir) / METRICS_FILE
         if not path.is_file():
-            raise SystemExit(f"{path} not found: pass a run directory (output_dir of a training run)")
+            exit_with_error(f"{path} not found: pass a run directory (output_dir of a training run)")
         records = read_records(path)
         hours = training_hours(records, gap_s=60 * args.gap_min)
         evals = [(h, r) for h, r in zip(hours, records, strict=True) if r["split"] == "eval"]
         if not evals:
-            raise SystemExit(f"{path} holds no evaluation records (the run had eval.freq=0?)")
+            exit_with_error(f"{path} holds no evaluation records (the run had eval.freq=0?)")
         xs = [h if args.x == "hours" else r["step"] for h, r in evals]
         for ax, key in zip(axes, ("avg_max_reward", "pc_success"), strict=True):
             ys = [r[key] for _, r in evals]
@@ -67,8 +69,11 @@ def main(argv: list[str] | None = None) -> None:
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(args.out, dpi=110)
+    try:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(args.out, dpi=110)
+    except (OSError, ValueError) as e:  # ValueError: an extension matplotlib cannot write
+        exit_with_error(f"cannot write {args.out}: {e}")
     print(f"wrote {args.out}")
 
 
