@@ -14,6 +14,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from lerobot import distributed
@@ -121,7 +122,10 @@ def policy_rows(dirs: Sequence[Path]) -> list[tuple[str, str]]:
             mode = TRAINING_MODES.get(cls.training_mode, cls.training_mode)
             rows.append((name, f"{mode}; defaults: {cls.__module__}.{cls.__name__}"))
         else:
-            base = OmegaConf.load(files[name]).get("name")
+            try:
+                base = OmegaConf.load(files[name]).get("name")
+            except yaml.YAMLError:  # composing it says where (`lerobot.cli.compose.yaml_message`)
+                base = "? (not valid YAML)"
             rows.append((name, f"variant of {base} ({files[name]})"))
     return rows
 

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import yaml
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lerobot.checkpoints.hub import PretrainedSpec
@@ -90,7 +91,7 @@ def _compose(
     _refuse_old_inference_overrides(overrides)
     dirs = [Path(config_dir), *(Path(d) for d in search_path)]
     _store_schemas(dirs)
-    overrides = [*overrides, *search_path_override(search_path)]
+    overrides = hydra_overrides(overrides, search_path)
     try:
         with initialize_config_dir(config_dir=str(Path(config_dir).resolve()), version_base=None):
             cfg = compose(config_name="default", overrides=overrides, return_hydra_config=True)
@@ -98,6 +99,8 @@ def _compose(
             out["choices"] = dict(cfg.hydra.runtime.choices)
     except (HydraException, OmegaConfBaseException) as e:
         raise ConfigError(_hydra_message(e, dirs)) from None
+    except yaml.YAMLError as e:  # a config file that is not YAML (Hydra passes the parser's error on)
+        raise ConfigError(yaml_message(e)) from None
     with open_dict(cfg):
         del cfg["hydra"]
     record_composition(cfg, out["choices"])
@@ -122,6 +125,49 @@ def _refuse_old_inference_overrides(overrides: Sequence[str]) -> None:
             old[key.removeprefix("policy.inference.")] = value
     if old:
         raise old_inference_keys_error(old)
+
+
+def hydra_overrides(overrides: Sequence[str], search_path: Sequence[str | Path]) -> list[str]:
+    """The overrides Hydra composes with: `overrides`, where a policy variant from a config directory is
+    chosen with its `policy.*` settings added as well as replaced (`++policy.KEY=...`: a variant's YAML holds
+    only the keys it changes, and validation checks every key against the policy's dataclass afterwards),
+    plus the search path of `search_path` (checked: each must be a config directory)."""
+    check_config_dirs(search_path)
+    dirs = [CONFIG_DIR, *(Path(d) for d in search_path)]
+    chosen = [o.partition("=")[2] for o in overrides if o.lstrip("+").partition("=")[0] == "policy"]
+    names = {name.strip() for value in chosen for name in value.split(",")}
+    variant = any(
+        name not in available_policies() and any((d / "policy" / f"{name}.yaml").is_file() for d in dirs)
+        for name in names
+    )
+    if variant:
+        overrides = [f"++{o}" if o.startswith("policy.") else o for o in overrides]
+    return [*overrides, *search_path_override(search_path)]
+
+
+def check_config_dirs(search_path: Sequence[str | Path]) -> None:
+    """Raise `ConfigError` for a `--config-dir` that is no directory, or one with neither `env/` nor `policy/`
+    in it (a typo, or the `env/` folder itself given): it would be ignored without a word."""
+    for d in map(Path, search_path):
+        if not d.is_dir():
+            raise ConfigError(f"--config-dir {d}: no such directory")
+        if not any((d / group).is_dir() for group in GROUPS):
+            raise ConfigError(
+                f"--config-dir {d} holds neither env/ nor policy/: pass the directory above them "
+                "(DIR with DIR/env/NAME.yaml, DIR/policy/NAME.yaml)"
+            )
+
+
+def yaml_message(e: yaml.YAMLError) -> str:
+    """A YAML syntax error in one line: the file, line and column, and what the parser found there."""
+    mark = getattr(e, "problem_mark", None)
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    if mark is None:
+        return f"a config file is not valid YAML: {problem}"
+    return (
+        f"{mark.name}, line {mark.line + 1}, column {mark.column + 1}: not valid YAML ({problem}); fix the "
+        "file's syntax"
+    )
 
 
 def search_path_override(search_path: Sequence[str | Path]) -> list[str]:
@@ -177,6 +223,7 @@ def checkpoint_config(ckpt_dir: Path, overrides: list[str], search_path: Sequenc
 
     `NAME` is looked up in `configs/env/` and then in the `env/` folder of each `search_path` directory.
     """
+    check_config_dirs(search_path)
     # A plain (unstructured) copy, so that a whole env section can be swapped in before re-validation.
     cfg = OmegaConf.create(OmegaConf.to_container(load_config(ckpt_dir)))
     return _with_eval_overrides(cfg, overrides, search_path)
@@ -187,6 +234,7 @@ def pretrained_config(
 ) -> DictConfig:
     """The run config that evaluates a pretrained directory: its policy section and recorded env (a LeRobot
     checkpoint records none: `env=NAME` is then required), with evaluation overrides."""
+    check_config_dirs(search_path)
     if spec.env is None and not any(o.partition("=")[0] == "env" for o in overrides):
         options = ", ".join(group_options("env", [CONFIG_DIR, *search_path]))
         raise ConfigError(f"{spec.path} records no env: pass env=NAME (available env options: {options})")
@@ -210,7 +258,10 @@ def _with_eval_overrides(cfg: DictConfig, overrides: list[str], search_path: Seq
             if path is None:
                 options = ", ".join(group_options("env", dirs))
                 raise ConfigError(f"unknown env {value!r}; available env options: {options}")
-            cfg.env = OmegaConf.load(path)
+            try:
+                cfg.env = OmegaConf.load(path)
+            except yaml.YAMLError as e:
+                raise ConfigError(yaml_message(e)) from None
         else:
             dotted.append(override)
     try:

@@ -89,6 +89,12 @@ def run_command(main: Callable[[list[str] | None], int], argv: list[str] | None)
         _ending(handlers)
         full = no_space_error(e)
         if full is None:
+            denied = _denied_error(e)
+            if denied is not None:
+                line = f"{denied.filename}: {_denied_advice(denied)}"
+                print(f"error: {_rank()}{line}", file=sys.stderr)
+                distributed.report_failure(f"failed: {line}")
+                return 2
             distributed.report_failure(f"failed with an unexpected {type(e).__name__} (see its traceback)")
             raise
         # A full disk (or file size limit) anywhere else than in a checkpoint save, which says more itself.
@@ -138,3 +144,30 @@ def _no_space_advice(full: OSError) -> str:
     if full.errno == errno.EDQUOT:
         return "the disk quota is full: free space (or raise the quota) and run again"
     return "free space and run again"
+
+
+# errno values of a path this process may not write (or read): a read-only file system, missing permissions.
+_DENIED_ERRNOS = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
+
+
+def _denied_error(e: BaseException | None) -> OSError | None:
+    """The OSError, among `e` and its causes, saying that a named path is on a read-only file system or not
+    permitted to this user; None when there is none (an EPERM without a path, e.g. a signal, is no such
+    error)."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in _DENIED_ERRNOS and e.filename:
+            return e
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def _denied_advice(denied: OSError) -> str:
+    """What the user does about `denied` (`_denied_error`)."""
+    if denied.errno == errno.EROFS:
+        return (
+            "read-only file system: write elsewhere (output_dir=DIR when training, --output-dir DIR when "
+            "evaluating, dataset.cache_dir=DIR for converted datasets) and run again"
+        )
+    return "permission denied: make it accessible to this user, or use another path, and run again"

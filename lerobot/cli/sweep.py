@@ -19,13 +19,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from lerobot.cli.compose import (
-    compose_config,
-    recipe_choice,
-    record_composition,
-    search_path_override,
-    sweep_dir,
-)
+from lerobot.cli.compose import compose_config, hydra_overrides, recipe_choice, record_composition, sweep_dir
 from lerobot.config import CONFIG_DIR
 from lerobot.errors import EXPECTED_ERRORS, ConfigError
 from lerobot.policy_registry import validate_run_config
@@ -169,7 +163,7 @@ def run_sweep(overrides: Sequence[str], search_path: Sequence[Path] = ()) -> int
         batches = GlobalHydra.instance().hydra.multirun(
             config_name="default",
             task_function=train_job,
-            overrides=[*pinned, *search_path_override(search_path)],
+            overrides=hydra_overrides(pinned, search_path),
         )
     jobs = [job for batch in batches for job in batch]
     summary = [

@@ -284,8 +284,12 @@ class StepBatchSampler(Sampler[list[int]]):
         self.num_samples, self.batch_size, self.seed = num_samples, batch_size, seed
         self.shuffle, self.drop_last = shuffle, drop_last
         self.steps_per_epoch = num_samples // batch_size if drop_last else -(-num_samples // batch_size)
-        if self.steps_per_epoch < 1:
-            raise ValueError(f"{num_samples} samples make no full batch of {batch_size} (drop_last=True)")
+        if self.steps_per_epoch < 1:  # a batch size the dataset cannot fill: the user's setting to lower
+            raise ConfigError(
+                f"{num_samples} samples make no full batch of {batch_size} (drop_last=True): the dataset holds "
+                f"fewer samples than training.batch_size={batch_size}; set training.batch_size to at most "
+                f"{num_samples}"
+            )
         self.start_step = start_step
         if num_steps is None:
             num_steps = (start_step // self.steps_per_epoch + 1) * self.steps_per_epoch - start_step
