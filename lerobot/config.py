@@ -128,6 +128,12 @@ class TrainingConfig:
     num_workers: int = 2
     log_freq: int = 100
     save_freq: int = 10_000
+    # How many of the newest checkpoints a run keeps; older ones are deleted after each save, except the
+    # newest one known to be good (the divergence guard's fallback) and the one `checkpoints/last` points at
+    # (docs/checkpoints.md). 3: the paper-size image model writes 4.9 GB per checkpoint, so a default run
+    # keeps about 15 GB instead of 50, and still has the newest checkpoint, the fallback when its weights
+    # diverge, and one more for a checkpoint found damaged. null keeps every checkpoint.
+    keep_checkpoints: int | None = 3
     # auto | true | false. auto: continue the run in `output_dir` from its last checkpoint (weights,
     # optimizer, data order, RNG) when it holds one, else start fresh; true: it must hold one; false: it
     # must not (docs/training_runs.md). A resumed run must have the same config, bar RESUMABLE_CHANGES.
@@ -588,6 +594,11 @@ def _check_positive(cfg: DictConfig) -> None:
     if batch_size is not None and batch_size < 1:
         raise ConfigError(
             f"training.batch_size={batch_size} must be a positive number (or null for the policy's default)"
+        )
+    keep = cfg.training.keep_checkpoints
+    if keep is not None and keep < 1:
+        raise ConfigError(
+            f"training.keep_checkpoints={keep} must be a positive number (or null to keep every checkpoint)"
         )
 
 

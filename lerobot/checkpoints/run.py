@@ -16,8 +16,11 @@ Layout of `run_dir/checkpoints/000001000/`:
 earlier step (a save behind it means a second writer). A checkpoint is written into a temporary sibling
 (`.tmp-<step>-<random>-locked-<host>@<pid>`) that its writer holds a `flock` on, and renamed when complete;
 temporaries left by a killed run (their lock is free, whatever pid their name holds) are removed (or, when
-complete, put in place) by `remove_stale_temporaries` when a run starts. Weights that are not finite are
-never saved, and `model.safetensors` has the same bytes for the same weights and config in any process.
+complete, put in place) by `remove_stale_temporaries` when a run starts; a file or link found where a
+checkpoint directory belongs is renamed aside, never deleted (`set_aside_strays`, and the save of that step).
+Weights that are not finite are never saved, and `model.safetensors` has the same bytes for the same weights
+and config in any process. `prune_checkpoints` deletes the older checkpoints a run no longer keeps
+(`training.keep_checkpoints`).
 """
 
 from __future__ import annotations
@@ -229,13 +232,16 @@ def _make_temporary(parent: Path, step: int) -> tuple[Path, int]:
 def _replace_dir(tmp: Path, final: Path) -> None:
     """Rename `tmp` to `final`; an existing `final` is first renamed aside (to a temporary name, locked
     like a temporary, so that a kill in between leaves nothing that `remove_stale_temporaries` cannot sort
-    out) and then removed."""
+    out) and then removed. A file or link that is not a directory at `final` is kept under another name
+    (`_set_aside`): the checkpoint is written, and nothing of the user's is deleted."""
     aside, aside_lock = None, None
-    if final.exists():
-        aside_lock = open_dir(final)
-        try_flock(aside_lock)
-        aside = _temporary_name(final.parent, int(final.name))
-        os.replace(final, aside)
+    if _is_stray(final):
+        moved = _set_aside(final)
+        log.warning(
+            "%s was not a checkpoint directory: moved it to %s and saved the checkpoint", final, moved
+        )
+    elif final.exists():
+        aside, aside_lock = _move_aside(final)
     try:
         os.replace(tmp, final)
         _fsync_dir(final.parent)
@@ -244,6 +250,37 @@ def _replace_dir(tmp: Path, final: Path) -> None:
     finally:
         if aside_lock is not None:
             os.close(aside_lock)
+
+
+def _move_aside(ckpt: Path) -> tuple[Path, int]:
+    """Rename the checkpoint directory `ckpt` to a temporary name beside it, holding a `flock` on it (like a
+    temporary being written); return the new name and the lock's descriptor, which the caller closes."""
+    lock = open_dir(ckpt)
+    try_flock(lock)
+    aside = _temporary_name(ckpt.parent, int(ckpt.name))
+    os.replace(ckpt, aside)
+    return aside, lock
+
+
+# What a file or link found where a checkpoint directory belongs is renamed to (`<name><suffix>`, then
+# `-1`, `-2`, ...): kept for its owner, under a name no checkpoint has.
+_STRAY_SUFFIX = ".not-a-checkpoint"
+
+
+def _is_stray(path: Path) -> bool:
+    """Whether something that is not a directory (a file, a link to one, a dangling link) is at `path`."""
+    return os.path.lexists(path) and not path.is_dir()
+
+
+def _set_aside(path: Path) -> Path:
+    """Rename `path` (see `_is_stray`) to a free `<name>.not-a-checkpoint[-N]` beside it; return that name."""
+    n = 0
+    while True:
+        aside = path.with_name(f"{path.name}{_STRAY_SUFFIX}{f'-{n}' if n else ''}")
+        if not os.path.lexists(aside):
+            os.rename(path, aside)
+            return aside
+        n += 1
 
 
 def _fsync_dir(path: Path) -> None:
@@ -408,6 +445,51 @@ def _verifies(directory: Path) -> bool:
     if not sums or not {MODEL_FILE, CONFIG_FILE} <= set(sums):
         return False
     return all((directory / n).is_file() and file_sha256(directory / n) == h for n, h in sums.items())
+
+
+def set_aside_strays(run_dir: Path) -> list[Path]:
+    """Rename aside (`_set_aside`) every entry of `run_dir/checkpoints/` named like a checkpoint (a step)
+    that is not a directory: a file or a link put where a checkpoint was. Each is a warning; the run then
+    resumes from the newest real checkpoint, and saving that step again finds its name free. Returns the
+    new names."""
+    parent = Path(run_dir) / CHECKPOINTS_DIR
+    if not parent.is_dir():
+        return []
+    moved = []
+    for path in sorted(p for p in parent.iterdir() if p.name.isdigit() and _is_stray(p)):
+        moved.append(_set_aside(path))
+        log.warning(
+            "%s is not a checkpoint directory (a file or a link was put in its place): renamed it to %s and "
+            "left it there; the run goes on from the newest checkpoint that is whole",
+            path,
+            moved[-1].name,
+        )
+    return moved
+
+
+def prune_checkpoints(run_dir: Path, keep: int, also_keep: list[Path] | tuple[Path, ...] = ()) -> list[str]:
+    """Delete the checkpoints of `run_dir` older than its newest `keep` (counted up to the one `last` points
+    at); never the one `last` points at, nor those of `also_keep`. Checkpoints of later steps than `last`'s
+    (a diverged run's, kept for inspection) are neither counted nor deleted. Returns the deleted steps.
+
+    Each is renamed aside to a locked temporary first, so that it leaves the listing at once, and its
+    checksums go first, so that a kill during the deletion leaves a temporary that the next start removes
+    rather than puts back.
+    """
+    last = latest_checkpoint(run_dir)
+    if last is None:
+        return []
+    kept = {last.name, *(Path(p).name for p in also_keep)}
+    found = [p for p in list_checkpoints(run_dir) if int(p.name) <= int(last.name)]
+    doomed = [p for p in found[: max(len(found) - keep, 0)] if p.name not in kept]
+    for ckpt in doomed:
+        aside, lock = _move_aside(ckpt)
+        try:
+            (aside / CHECKSUMS_FILE).unlink(missing_ok=True)
+            shutil.rmtree(aside, ignore_errors=True)
+        finally:
+            os.close(lock)
+    return [p.name for p in doomed]
 
 
 def resolve_checkpoint_dir(path: Path | str) -> Path:

@@ -65,9 +65,7 @@ def run_command(main: Callable[[list[str] | None], int], argv: list[str] | None)
         code = _peer_failed(e, handlers)
         if code is not None:
             return code
-        print(
-            f"stopped by {e} without saving (a later relaunch resumes from checkpoints/last)", file=sys.stderr
-        )
+        print(f"stopped by {e} without saving" + (f" ({e.relaunch})" if e.relaunch else ""), file=sys.stderr)
         return EXIT_CODES[e.signum]
     except _Terminated as e:
         code = _peer_failed(e, handlers)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -23,7 +25,7 @@ from lerobot.cli.compose import compose_train_config
 from lerobot.cli.exit import run_command
 from lerobot.cli.sweep import run_sweep
 from lerobot.errors import ConfigError
-from lerobot.runtime.signals import EXIT_CODES, stop_on_signals
+from lerobot.runtime.signals import EXIT_CODES, StopAborted, stop_on_signals
 from lerobot.training import train
 
 DESCRIPTION = """\
@@ -81,15 +83,25 @@ def _train(argv: list[str] | None) -> int:
         print(info_text(cfg, config_dirs(argv), "configs/default.yaml + overrides"))
         return 0
     # Log lines go above the progress bar, each on its own line (not onto the bar's line).
+    command = sys.argv[1:] if argv is None else list(argv)
     with stop_on_signals() as stop, logging_redirect_tqdm():
-        run_dir = train(cfg)
+        try:
+            run_dir = train(cfg)
+        except StopAborted as e:  # stopped where nothing could be saved: say what a relaunch does
+            last = latest_checkpoint(Path(cfg.output_dir)) if cfg.output_dir is not None else None
+            e.relaunch = (
+                f"resume from checkpoint {last.name} with: {resume_command(command, cfg.output_dir)}"
+                if last is not None
+                else "no checkpoint was saved: run the command again to start over"
+            )
+            raise
     if stop.stopped_at is not None:
         # On N processes every one stopped at that step, for the signal of the lowest rank that got one.
         if distributed.is_main():
             by = stop.received_by_text(distributed.world_size())
             print(
                 f"stopped by {stop.name}{by} at step {stop.stopped_at}, "
-                f"checkpoint {latest_checkpoint(run_dir)}; run the same command again to resume",
+                f"checkpoint {latest_checkpoint(run_dir)}; resume with: {resume_command(command, run_dir)}",
                 file=sys.stderr,
             )
         return EXIT_CODES[stop.stop_signum]
@@ -111,3 +123,28 @@ def add_config_dir_argument(parser: argparse.ArgumentParser) -> None:
 def train_main(argv: list[str] | None = None) -> int:
     """`scripts/train.py`: compose the config and train; returns the exit code."""
     return run_command(_train, argv)
+
+
+def resume_command(argv: list[str], run_dir: Path | str) -> str:
+    """The command line that resumes the run in `run_dir`: this launch's arguments with
+    `output_dir=<run_dir>` (in place of the `output_dir` given, if any: without one, every launch gets a new
+    timestamped directory) and without a `training.resume=false`, which would refuse the run."""
+
+    def key(arg: str) -> str:
+        return arg.split("=", 1)[0].lstrip("+~")
+
+    kept = [a for a in argv if not (key(a) == "training.resume" and a.split("=", 1)[-1] == "false")]
+    out = f"output_dir={run_dir}"
+    kept = [out if key(a) == "output_dir" else a for a in kept]
+    if out not in kept:
+        kept.append(out)
+    if distributed.world_size() == 1:
+        launcher = ["python"]
+    else:  # any number of processes resumes it; these are this launch's
+        nodes = distributed.world_size() // int(os.environ.get("LOCAL_WORLD_SIZE", distributed.world_size()))
+        launcher = ["torchrun", *(["--nnodes", str(nodes)] if nodes > 1 else [])]
+        launcher += ["--nproc_per_node", os.environ.get("LOCAL_WORLD_SIZE", str(distributed.world_size()))]
+    script = (
+        sys.argv[0] if sys.argv[0].endswith(".py") and os.path.isfile(sys.argv[0]) else "scripts/train.py"
+    )
+    return shlex.join([*launcher, script, *kept])

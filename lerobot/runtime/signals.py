@@ -55,6 +55,9 @@ class StopAborted(KeyboardInterrupt):
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
+        # What a relaunch does, when the command knows (the training command: resume from which checkpoint
+        # with which command line, or start over); the exit line says it.
+        self.relaunch: str | None = None
 
 
 class EvaluationInterrupted(BaseException):

@@ -6,28 +6,40 @@ time, `StepMetrics`, which names that update); if they were saved, that checkpoi
 `checkpoints/last` is moved back to the newest earlier one (the diverged checkpoint stays on disk for
 inspection; a resumed run overwrites it). Non-finite weights are never saved (`save_checkpoint` refuses
 them), so every checkpoint left is finite.
+
+The guard also keeps the number of checkpoints down (`training.keep_checkpoints`): after each save, the
+checkpoints older than the newest N are deleted, except the newest one known to be good. Right after a save
+that is the one before it: every loss up to the save was checked finite, so the weights of every earlier
+checkpoint gave a finite loss, and the new checkpoint's weights have given none yet. So a run that keeps one
+checkpoint holds two between a save and the next, and the one `last` falls back to is never deleted.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from types import TracebackType
 
-from lerobot.checkpoints.run import checkpoint_dir, list_checkpoints, set_last
+from lerobot.checkpoints.run import checkpoint_dir, list_checkpoints, prune_checkpoints, set_last
 from lerobot.errors import NonFiniteWeightsError, TrainingDivergedError
+
+log = logging.getLogger(__name__)
 
 
 class DivergenceGuard:
     """Context manager around a trainer's loop that turns a diverged loss or non-finite weights into one
     `TrainingDivergedError` naming the last good checkpoint (and moving `last` back to it when needed).
 
-    The trainer calls `updated()` after each gradient update and `saved(step)` after each checkpoint.
+    The trainer calls `updated()` after each gradient update and `saved(step)` after each checkpoint, which
+    deletes the checkpoints the run no longer keeps.
     """
 
-    def __init__(self, run_dir: Path, advice: str):
-        """`advice`: what to change before training again (see `TrainStep.advice`)."""
+    def __init__(self, run_dir: Path, advice: str, keep: int | None = None):
+        """`advice`: what to change before training again (see `TrainStep.advice`); `keep`: how many of
+        the newest checkpoints to keep (`training.keep_checkpoints`; None keeps all)."""
         self.run_dir = Path(run_dir)
         self.advice = advice
+        self.keep = keep
         self.updates = 0  # gradient updates made in this process
         self._saved: tuple[int, int] | None = None  # (step, updates made before it) of the last checkpoint
 
@@ -36,8 +48,19 @@ class DivergenceGuard:
         self.updates += 1
 
     def saved(self, step: int) -> None:
-        """Checkpoint `step` now holds the current weights."""
+        """Checkpoint `step` now holds the current weights; delete the checkpoints beyond `keep` (see the
+        module's docstring). A failed deletion is a warning: training goes on."""
         self._saved = (step, self.updates)
+        if self.keep is None:
+            return
+        good = [p for p in list_checkpoints(self.run_dir) if int(p.name) < step][-1:]
+        try:
+            removed = prune_checkpoints(self.run_dir, self.keep, also_keep=good)
+        except OSError as e:
+            log.warning("could not delete old checkpoints of %s (%s); training goes on", self.run_dir, e)
+            return
+        if removed:
+            log.info("deleted checkpoint %s (training.keep_checkpoints=%d)", ", ".join(removed), self.keep)
 
     def _diverged_step(self, exc: BaseException) -> int | None:
         """The checkpoint step holding the weights that diverged, if they were saved."""

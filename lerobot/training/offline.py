@@ -119,7 +119,7 @@ def train_offline(cfg: DictConfig, policy_cfg: PolicyConfig, progress: bool = Tr
             TrainingLoop(
                 cfg, run_dir, start=step, resumed=resume_from is not None, unit="step", progress=progress
             ) as loop,
-            DivergenceGuard(run_dir, update.advice()) as guard,
+            DivergenceGuard(run_dir, update.advice(), keep=cfg.training.keep_checkpoints) as guard,
         ):
             if loop.eval_pending:
                 with update.averaged_weights():
@@ -145,6 +145,9 @@ def train_offline(cfg: DictConfig, policy_cfg: PolicyConfig, progress: bool = Tr
                 if due.eval:
                     with update.averaged_weights():
                         loop.evaluate(policy)
+                    if loop.eval_abandoned and not due.checkpoint:  # so that the resumed run redoes it
+                        save(run_dir, loop.step, policy, update, cfg, data)
+                        guard.saved(loop.step)
                 window.exclude(time.perf_counter() - t0)
         # Ends the loader's workers now: they ignore SIGTERM (see `make_dataloader`), so the exit-time
         # terminate-and-join of multiprocessing must find none left.

@@ -296,6 +296,14 @@ def checkpoint_state(
     return state
 
 
+def save(
+    run_dir: Path, policy: OnlinePolicy, cfg: DictConfig, state: dict[str, Any], data: dict[str, Any] | None
+) -> None:
+    """Checkpoint the run at its transition count: the policy's weights, `state` (`checkpoint_state`) and
+    the fingerprint of the demonstrations (`data`) when it reads some."""
+    save_checkpoint(run_dir, state["transitions"], policy, cfg, state, data_fingerprint=data)
+
+
 def load_checkpoint_state(
     ckpt_dir: Path, update: TrainStep, schedule: UpdateSchedule, buffer: ReplayBuffer
 ) -> Counts:
@@ -358,7 +366,7 @@ def train_online(cfg: DictConfig, policy_cfg: PolicyConfig, progress: bool = Tru
             TrainingLoop(
                 cfg, run_dir, start=counts.transitions, resumed=resumed, unit="tr", progress=progress
             ) as loop,
-            DivergenceGuard(run_dir, update.advice()) as guard,
+            DivergenceGuard(run_dir, update.advice(), keep=tcfg.keep_checkpoints) as guard,
         ):
             if loop.eval_pending:
                 loop.evaluate(policy)
@@ -400,12 +408,15 @@ def train_online(cfg: DictConfig, policy_cfg: PolicyConfig, progress: bool = Tru
                     )
                 if due.checkpoint or due.eval:
                     update.metrics.check_finite()  # never save or evaluate diverged weights
+                kept = buffer if tcfg.save_buffer else None
                 if due.checkpoint:
-                    state = checkpoint_state(update, schedule, counts, buffer if tcfg.save_buffer else None)
-                    save_checkpoint(run_dir, counts.transitions, policy, cfg, state, data_fingerprint=data)
+                    save(run_dir, policy, cfg, checkpoint_state(update, schedule, counts, kept), data)
                     guard.saved(counts.transitions)
                 if due.eval:
                     loop.evaluate(policy)
                     # The evaluation envs went through the policy: back to a clean state for the train envs.
                     collector.reset_policy(cfg.seed + counts.transitions)
+                    if loop.eval_abandoned and not due.checkpoint:  # so that the resumed run redoes it
+                        save(run_dir, policy, cfg, checkpoint_state(update, schedule, counts, kept), data)
+                        guard.saved(counts.transitions)
     return run_dir

@@ -13,14 +13,18 @@ evaluation are due. A trainer writes its own work between two `advance` calls:
 Each of the three is due when the counter crosses a multiple of its period (`training.log_freq`,
 `training.save_freq`, `eval.freq`; 0 disables evaluation) and after the last iteration. A stop signal
 (`lerobot.runtime.signals`) makes the current iteration the last: logging and a checkpoint are due, evaluation
-is not. A resumed run whose first step's evaluation was due but never recorded (the process died while
-evaluating) has `eval_pending` set: the trainer evaluates before its first iteration.
+is not. A stop signal during an evaluation abandons it (its partial `eval/step_N/` is removed) and makes this
+step the last (`eval_abandoned`): the trainer saves the checkpoint of this step if it has not, so that the
+resumed run redoes the evaluation. A resumed run whose first step's evaluation was due but never recorded
+(the process died or was stopped while evaluating) has `eval_pending` set: the trainer evaluates before its
+first iteration.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import shutil
 import signal
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,6 +89,7 @@ class TrainingLoop:
         self._stop = active()
         self._armed = self._stop.armed() if self._stop is not None else contextlib.nullcontext()
         self._stopping = False
+        self.eval_abandoned = False  # a stop signal ended an evaluation of the current step
         self._bar = tqdm(
             total=self.total,
             initial=start,
@@ -172,19 +177,33 @@ class TrainingLoop:
 
         Random states are saved and restored around the rollouts so that evaluating does not change the
         training trajectory (a resumed run stays identical to an uninterrupted one). A stop signal abandons
-        the evaluation on one process (nothing is logged, None is returned); on N processes, which must meet
-        to merge their episodes, it ends first and the run stops at the next step boundary. Every process
-        runs its share of the episodes; the main one writes and logs the merged results.
+        the evaluation on one process: nothing is logged, what it wrote is removed, the run stops at this
+        step (`eval_abandoned`) and None is returned. On N processes, which must meet to merge their episodes,
+        the evaluation ends first and the run stops at the next step boundary. Every process runs its share
+        of the episodes; the main one writes and logs the merged results. What an interrupted run left in
+        this step's directory is removed first.
         """
+        out_dir = self.run_dir / "eval" / f"step_{self.step:09d}"
+        if distributed.is_main() and out_dir.exists():
+            shutil.rmtree(out_dir)
+            log.info("removed %s, left by an evaluation that did not finish", out_dir)
         rng = distributed.get_rng_state()
         was_training = policy.training
         self.eval_pending = False
         try:
             interruptible = self._stop is not None and not distributed.active()
             with self._stop.evaluating() if interruptible else contextlib.nullcontext():
-                info = evaluate(self.cfg, policy, self.run_dir / "eval" / f"step_{self.step:09d}")
+                info = evaluate(self.cfg, policy, out_dir)
         except EvaluationInterrupted:
-            log.warning("evaluation at step %d abandoned for %s", self.step, self._stop.name)
+            shutil.rmtree(out_dir, ignore_errors=True)
+            self._stopping = self.eval_abandoned = True
+            self._stop.stopped(self.step, self._stop.signum, [distributed.rank()])
+            log.warning(
+                "evaluation at step %d abandoned for %s: stopping at this step with its checkpoint; the "
+                "resumed run redoes the evaluation",
+                self.step,
+                self._stop.name,
+            )
             return None
         finally:
             policy.train(was_training)
@@ -199,10 +218,7 @@ class TrainingLoop:
             agg["avg_max_reward"],
             agg["avg_sum_reward"],
         )
-        # A multi-task evaluation's per-task success joins the curves as `pc_success/<task>`.
-        per_task = {f"pc_success/{task}": f["pc_success"] for task, f in agg.get("per_task", {}).items()}
-        figures = {k: v for k, v in agg.items() if k != "per_task"}
-        self.logger.log(self.step, {**figures, **per_task}, split="eval")
+        self.logger.log(self.step, agg, split="eval")
         for path in info["video_paths"][:1]:
             self.logger.log_video(self.step, path)
         return info

@@ -9,6 +9,9 @@ requires a checkpoint; `false` refuses a directory that holds one. A resumed run
 started with, except for the keys of `RESUMABLE_CHANGES`, and the data it was trained on
 (`check_training_data`), unless `training.allow_other_data=true`. A new run may start from another run's
 checkpoint under a changed config (`training.init_from`, `branch_checkpoint`): a branch.
+
+A launch that fails before it has written anything of the run (no data, a bad checkpoint to branch from, a
+Ctrl-C during the data conversion) leaves nothing behind: the directories it made are removed again.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import logging
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,10 +34,12 @@ from lerobot.checkpoints.run import (
     read_data_fingerprint,
     remove_stale_temporaries,
     resolve_checkpoint_dir,
+    set_aside_strays,
 )
 from lerobot.config import config_differences
 from lerobot.errors import CheckpointError, ConfigError, RunDirError
-from lerobot.runtime.files import RunLock
+from lerobot.runtime.files import LOCK_FILE, RunLock
+from lerobot.training.metrics import CURVES_FILE, METRICS_FILE
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +61,7 @@ RESUMABLE_CHANGES = (
     "training.compile",
     "training.collective_timeout_s",
     "training.allow_other_data",
+    "training.keep_checkpoints",
     "eval.",
     "wandb.",
     "device",
@@ -73,20 +80,27 @@ def run_directory(cfg: DictConfig) -> Iterator[tuple[Path, Path | None]]:
 
     Without `output_dir` a new, timestamped directory is made (so nothing is resumed automatically) and
     `cfg.output_dir` names it. The lock (`RunLock`) is taken before anything is read or written (stale
-    checkpoint temporaries are cleared under it) and released when the block ends, however it ends;
-    `training.resume` decides between resuming and a fresh start.
+    checkpoint temporaries are cleared, and files put where checkpoints were set aside, under it) and
+    released when the block ends, however it ends; `training.resume` decides between resuming and a fresh
+    start. When the block ends by an exception before anything of the run was written, what this launch
+    made is removed (`_undo_start`).
     """
     with contextlib.ExitStack() as owned:
 
         def claim() -> tuple[Path, Path | None]:
             run_dir = _name_run_dir(cfg)
+            made = _missing_dirs(run_dir)
+            had_lock_file = (run_dir / LOCK_FILE).exists()
             owned.enter_context(RunLock(run_dir))
+            # Runs before the lock is released (the stack unwinds in reverse).
+            owned.push(lambda typ, *_: typ is not None and _undo_start(run_dir, made, had_lock_file))
             # Before looking for checkpoints: a complete temporary may be put in place.
             remove_stale_temporaries(run_dir)
+            set_aside_strays(run_dir)
             resume_from = resume_checkpoint(cfg, run_dir)
             if resume_from is None:
                 start = "new run"
-            elif resume_from.parent.parent == run_dir:
+            elif resume_from.resolve().parent.parent == run_dir.resolve():  # `output_dir` may be relative
                 start = f"resuming from {resume_from.name}"
             else:
                 start = f"a new run from {resume_from}"
@@ -94,6 +108,38 @@ def run_directory(cfg: DictConfig) -> Iterator[tuple[Path, Path | None]]:
             return run_dir, resume_from
 
         yield distributed.on_main(claim)
+
+
+def _missing_dirs(run_dir: Path) -> list[Path]:
+    """`run_dir` and those of its parents that do not exist yet, deepest first: what a launch makes."""
+    missing, path = [], Path(os.path.abspath(run_dir))
+    while not path.exists():
+        missing.append(path)
+        path = path.parent
+    return missing
+
+
+def _undo_start(run_dir: Path, made: list[Path], had_lock_file: bool) -> bool:
+    """After a launch into `run_dir` failed: when it wrote nothing of the run (no checkpoint, no metrics
+    record, no evaluation; only the lock file and the curves of no records), remove what it made, the lock
+    file (unless one was there before) and the directories of `made` (`_missing_dirs`). Returns False, so
+    that the exception goes on."""
+    try:
+        entries = set(os.listdir(run_dir))
+        metrics = run_dir / METRICS_FILE
+        if metrics.exists() and metrics.stat().st_size == 0:
+            entries.discard(METRICS_FILE)
+        if not entries <= {LOCK_FILE, CURVES_FILE}:
+            return False
+        for name in (CURVES_FILE, METRICS_FILE, *([] if had_lock_file else [LOCK_FILE])):
+            (run_dir / name).unlink(missing_ok=True)
+        for path in made:
+            path.rmdir()  # stops at the first that holds anything (OSError)
+        if made:
+            log.info("removed %s, which the failed launch had made", made[-1])
+    except OSError:
+        pass  # what cannot be removed stays; the launch's own error is what matters
+    return False
 
 
 def _name_run_dir(cfg: DictConfig) -> Path:
@@ -131,11 +177,9 @@ def resume_checkpoint(cfg: DictConfig, run_dir: Path) -> Path | None:
         return branch_checkpoint(cfg)
     changed = config_changes(load_config(last), cfg)
     if changed:
-        shown = describe_changes(changed[:5])
-        more = f" and {len(changed) - 5} more" if len(changed) > 5 else ""
         raise RunDirError(
-            f"{run_dir} holds a run with another config: {shown}{more}; relaunch with the run's settings "
-            "to resume it, or pick another output_dir for a new run"
+            f"{run_dir} holds a run with another config: {summarize_changes(changed)}; relaunch with the "
+            "run's settings to resume it, or pick another output_dir for a new run"
         )
     return last
 
@@ -181,6 +225,27 @@ def _resumable(key: str) -> bool:
 def describe_changes(changed: list[tuple[str, Any, Any]]) -> str:
     """`config_changes` output as one line: `key (saved -> current), ...`."""
     return ", ".join(f"{k} ({a!r} -> {b!r})" for k, a, b in changed)
+
+
+# A changed `<section>.name` (another env, another policy) is said as `env changed: a -> b`, without the keys
+# that come with it: the section's own, and for an env, the features the policy takes from it.
+_NAMED_SECTIONS = {
+    "env": ("env.", "policy.input_features.", "policy.output_features."),
+    "policy": ("policy.",),
+}
+
+
+def summarize_changes(changed: list[tuple[str, Any, Any]], shown: int = 5) -> str:
+    """`config_changes` output as one short line: another env or policy as `env changed: pusht ->
+    pusht_keypoints`, then up to `shown` other keys as `key (saved -> current)` and how many more."""
+    names = {k: (a, b) for k, a, b in changed if k.endswith(".name")}
+    heads, rest = [], list(changed)
+    for section, follow in _NAMED_SECTIONS.items():
+        if f"{section}.name" in names:
+            heads.append(f"{section} changed: {names[f'{section}.name'][0]} -> {names[f'{section}.name'][1]}")
+            rest = [c for c in rest if not c[0].startswith(follow)]
+    more = f" and {len(rest) - shown} more" if len(rest) > shown else ""
+    return ", ".join([*heads, *([describe_changes(rest[:shown]) + more] if rest else [])])
 
 
 # The fields of a data fingerprint (`lerobot.datasets.dataset_fingerprint`) that tell one dataset from
