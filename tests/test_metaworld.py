@@ -12,6 +12,7 @@ import torch
 pytest.importorskip("metaworld", reason="MetaWorld envs need the [mujoco] extra (metaworld==3.1.1)")
 
 from omegaconf import OmegaConf  # noqa: E402
+
 from lerobot.cli import compose_config  # noqa: E402
 from lerobot.config import CONFIG_DIR, env_config, policy_config, validate_config  # noqa: E402
 from lerobot.envs import make_env  # noqa: E402
