@@ -195,9 +195,11 @@ class EvalConfig:
     start_seed: int = 100_000
     # Evaluate every `freq` training steps (0 disables periodic evaluation).
     freq: int = 10_000
-    # Async envs: seconds after which a step that has not returned fails (a hung worker). None waits; a
-    # dead worker fails at once either way. Checking polls every worker each step, so it is off by default.
-    step_timeout_s: float | None = None
+    # Async envs: seconds after which a step (or reset, or render) that has not returned fails (a hung
+    # worker), enforced by a watchdog thread at no cost per step. 120: 40 times the slowest real step seen
+    # (a Meta-World step with a 480x480 software render on a busy 2-core CPU, 3 s). null waits forever; a
+    # dead worker fails at once either way.
+    step_timeout_s: float | None = 120.0
     # When a slot whose episode ended starts the next one: refill_aligned (at the other slots' next chunk
     # step, so chunk predictions stay batched), refill (at once) or batch (fixed batches). Same episodes.
     schedule: str = "refill_aligned"
@@ -481,6 +483,11 @@ def validate_config(cfg: DictConfig | dict) -> DictConfig:
         merged.env.observation_keys = _observation_keys_of_env_yaml(merged.env.name)
     _check_observation_keys(env_config(merged))
     _check_positive(merged)
+    reward_range = env_config(merged).reward_range
+    if reward_range is not None and (len(reward_range) != 2 or not reward_range[0] < reward_range[1]):
+        raise ConfigError(
+            f"env.reward_range={list(reward_range)} must be [low, high] with low < high, or null"
+        )
     if merged.eval.step_timeout_s is not None and merged.eval.step_timeout_s <= 0:
         raise ConfigError(
             f"eval.step_timeout_s={merged.eval.step_timeout_s} must be a positive number or null"

@@ -2,12 +2,14 @@
 and `eval_info.json`. Used by `scripts/eval.py` and by the trainers' periodic evaluation.
 
 An evaluation writes `eval_info.json` and `videos/` into its output directory (`earlier_evaluation` says
-whether one is there already, `remove_evaluation` deletes it); nothing else of that directory is touched."""
+whether one is there already, `remove_evaluation` deletes it); nothing else of that directory is touched but
+the temporaries of those files that a killed evaluation left, which the next one deletes."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import shutil
 from pathlib import Path
 from typing import Any
@@ -18,12 +20,12 @@ from lerobot import distributed
 from lerobot.accel import accelerated
 from lerobot.config import env_config
 from lerobot.constants import EVAL_INFO_FILE
-from lerobot.datasets.recording import EpisodeRecorder
+from lerobot.datasets.recording import EpisodeRecorder, remove_stale_recordings, spill_dir
 from lerobot.envs import make_env, resolve_use_async
 from lerobot.errors import ConfigError
 from lerobot.policies.policy import Policy
 from lerobot.rollout import aggregate_episodes, eval_policy
-from lerobot.runtime.files import TemporaryDir, write_json
+from lerobot.runtime.files import TemporaryDir, no_space_error, remove_dead_writers_temporaries, write_json
 
 log = logging.getLogger(__name__)
 
@@ -46,11 +48,15 @@ def evaluate(cfg: DictConfig, policy: Policy, out_dir: Path, progress: bool = Fa
         check_record_dataset(record)
     start, stop = distributed.share(cfg.eval.n_episodes)
     main = distributed.is_main()
-    part = None
+    if main:  # what a killed evaluation into `out_dir` left (a video or eval_info.json cut short)
+        for directory in (Path(out_dir), Path(out_dir) / VIDEOS_DIR):
+            remove_dead_writers_temporaries(directory)
+    part, record_error = None, None
     with contextlib.ExitStack() as stack:
         recorder = None
         if record is not None:
-            spill = stack.enter_context(TemporaryDir(Path(record).parent / f"{Path(record).name}.episodes"))
+            remove_stale_recordings(record)
+            spill = stack.enter_context(TemporaryDir(spill_dir(record)))
             recorder = EpisodeRecorder(spill.path)
         if stop > start:
             part = _evaluate_episodes(
@@ -65,14 +71,28 @@ def evaluate(cfg: DictConfig, policy: Policy, out_dir: Path, progress: bool = Fa
             )
         if recorder is not None:
             env_cfg = env_config(cfg)
-            recorder.write(record, fps=env_cfg.fps, task=env_cfg.name, name=env_cfg.name)
-            log.info("recorded %d episodes as a LeRobotDataset in %s", cfg.eval.n_episodes, record)
+            try:
+                recorder.write(record, fps=env_cfg.fps, task=env_cfg.name, name=env_cfg.name)
+                log.info("recorded %d episodes as a LeRobotDataset in %s", cfg.eval.n_episodes, record)
+            except Exception as e:  # a full disk costs the dataset, not the evaluation's figures
+                record_error = no_space_error(e)
+                if record_error is None:
+                    raise
     video_error = part.pop("video_error", None) if part is not None else None
     parts = [(s, p) for s, p in distributed.gather((start, part)) if p is not None]
     info = parts[0][1] if len(parts) == 1 else merge_eval_parts(parts)
+    clip_reward_interval(info["aggregated"], env_config(cfg).reward_range)
     info["config"] = OmegaConf.to_container(cfg, resolve=True)
     if main:
         write_json(Path(out_dir) / EVAL_INFO_FILE, info)
+    if record_error is not None:
+        # The figures are written; the dataset's temporaries are gone (the spill's space is free again).
+        raise OSError(
+            record_error.errno,
+            record_error.strerror,
+            f"{record_error.filename} (eval.record_dataset={record} was not written and nothing of it is "
+            f"left; the evaluation's figures are in {Path(out_dir) / EVAL_INFO_FILE})",
+        )
     if video_error is not None:
         # The figures are written (when they fit); the videos that did not fit were never put in place.
         raise OSError(
@@ -82,6 +102,21 @@ def evaluate(cfg: DictConfig, policy: Policy, out_dir: Path, progress: bool = Fa
             "the videos that did not fit were not written)",
         )
     return info
+
+
+def clip_reward_interval(aggregated: dict[str, Any], reward_range: list[float] | None) -> None:
+    """Clip the 95% interval of `avg_max_reward` in `aggregated` to the env's `reward_range` (in place).
+
+    The mean of max rewards lies within the reward's bounds; the normal interval around it does not at a few
+    episodes (two episodes of 0.0 and 0.58 give [-0.278, 0.858]), so it is cut at the bounds there. Where it
+    lies within them (the usual case from a few dozen episodes) nothing changes. None: bounds not known.
+    """
+    if reward_range is None:
+        return
+    low, high = reward_range
+    for key in ("avg_max_reward_ci95_low", "avg_max_reward_ci95_high"):
+        if key in aggregated and not math.isnan(aggregated[key]):
+            aggregated[key] = min(max(aggregated[key], low), high)
 
 
 def check_record_dataset(path: str) -> None:
@@ -99,14 +134,15 @@ def check_record_dataset(path: str) -> None:
 
 def earlier_evaluation(out_dir: Path) -> str | None:
     """What an earlier evaluation left in `out_dir` (`eval_info.json`, videos), in words; None when nothing
-    (an empty `videos/` counts as nothing)."""
+    (an empty `videos/` counts as nothing, and so do the hidden temporaries of videos never finished)."""
     out_dir = Path(out_dir)
     found = []
     if (out_dir / EVAL_INFO_FILE).exists():
         found.append(EVAL_INFO_FILE)
     videos = out_dir / VIDEOS_DIR
-    if videos.is_dir() and any(videos.iterdir()):
-        found.append(f"{sum(1 for _ in videos.iterdir())} file(s) in {VIDEOS_DIR}/")
+    written = [p for p in videos.iterdir() if not p.name.startswith(".")] if videos.is_dir() else []
+    if written:
+        found.append(f"{len(written)} file(s) in {VIDEOS_DIR}/")
     return " and ".join(found) or None
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -41,7 +42,7 @@ from gymnasium.vector import AsyncVectorEnv, SyncVectorEnv, VectorEnv
 from tqdm.auto import tqdm
 
 from lerobot.constants import EVAL_SCHEDULES
-from lerobot.envs.faults import Watchdog, close_now, worker_call
+from lerobot.envs.faults import ENV_CALLS, Watchdog, close_now, interrupts_after_env_calls, worker_call
 from lerobot.envs.observation import observation_to_batch
 from lerobot.envs.tasks import EpisodeSpec, episode_plan, task_seed
 from lerobot.errors import EnvWorkerError, NonFiniteActionError
@@ -53,8 +54,8 @@ if TYPE_CHECKING:
 
 # A reset (or render) that takes longer than this means a worker hangs; fail instead of waiting forever.
 # Steps wait without a timeout unless `eval_policy(step_timeout_s=...)` asks for one (which then bounds
-# resets and renders too): gymnasium enforces it by polling every worker's pipe each step, which slows
-# every step (docs/evaluation.md).
+# resets and renders too; `eval.step_timeout_s` asks for 120 s by default). The env's watchdog thread
+# enforces every one of these timeouts, at no cost per call (docs/evaluation.md).
 ASYNC_RESET_TIMEOUT_S = 120.0
 _SLOW_HINT = "; if it is only slow, raise eval.step_timeout_s"
 
@@ -107,10 +108,13 @@ def act(
 
 def _step(env: VectorEnv, action: np.ndarray, timeout_s: float | None, watchdog: Watchdog | None):
     if not isinstance(env, AsyncVectorEnv):
-        return env.step(action)
-    with worker_call(env, "step", timeout_s, _SLOW_HINT, watchdog):
+        with ENV_CALLS:  # a Ctrl-C inside it is raised after it (`ENV_CALLS`)
+            return env.step(action)
+    # The watchdog alone enforces the timeout: gymnasium's would poll every pipe at every step.
+    polled = watchdog is None
+    with worker_call(env, "step", timeout_s, _SLOW_HINT, watchdog, polled=polled):
         env.step_async(action)
-        return env.step_wait(timeout=timeout_s)
+        return env.step_wait(timeout=timeout_s if polled else None)
 
 
 def _reset(
@@ -122,10 +126,12 @@ def _reset(
 ):
     options = None if mask is None else {"reset_mask": mask}
     if not isinstance(env, AsyncVectorEnv):
-        return env.reset(seed=seeds, options=options)
-    with worker_call(env, "reset", timeout_s, _SLOW_HINT, watchdog):
+        with ENV_CALLS:
+            return env.reset(seed=seeds, options=options)
+    polled = watchdog is None  # as for a step
+    with worker_call(env, "reset", timeout_s, _SLOW_HINT, watchdog, polled=polled):
         env.reset_async(seed=seeds, options=options)
-        return env.reset_wait(timeout=timeout_s)
+        return env.reset_wait(timeout=timeout_s if polled else None)
 
 
 def _success(info: dict[str, Any], num_envs: int) -> np.ndarray:
@@ -147,19 +153,26 @@ def _render(
 ) -> list[np.ndarray]:
     """RGB frames of `slots`; a sync env renders only those, an async one renders in its workers."""
     if isinstance(env, SyncVectorEnv):
-        return [env.envs[s].render() for s in slots]
-    with worker_call(env, "render", timeout_s, _SLOW_HINT, watchdog):
+        with ENV_CALLS:
+            return [env.envs[s].render() for s in slots]
+    polled = watchdog is None  # as for a step
+    with worker_call(env, "render", timeout_s, _SLOW_HINT, watchdog, polled=polled):
         env.call_async("render")
-        images = env.call_wait(timeout=timeout_s)
+        images = env.call_wait(timeout=timeout_s if polled else None)
     return [images[s] for s in slots]
 
 
-def _write_video(path: Path, frames: list[np.ndarray], fps: int) -> Path:
+class _VideoAbortedError(Exception):
+    """A video write stopped because the evaluation ended (Ctrl-C, an error) before it was done."""
+
+
+def _write_video(path: Path, frames: list[np.ndarray], fps: int, stop: threading.Event | None = None) -> Path:
     """Write the (H, W, 3) uint8 `frames` as the H.264 mp4 `path`, whole or not at all (`atomic_write`).
 
     PyAV encodes in this process, so a failed write (a full disk) raises, at the latest in `close`, which
     flushes the muxer and writes the file's index, and so before the rename. After a failure the container
-    is closed with its own errors suppressed: they repeat the first one, which is what propagates.
+    is closed with its own errors suppressed: they repeat the first one, which is what propagates. Once
+    `stop` is set the write ends at the next frame with `_VideoAbortedError`, its temporary removed.
     """
     import av
 
@@ -171,6 +184,8 @@ def _write_video(path: Path, frames: list[np.ndarray], fps: int) -> Path:
             stream = container.add_stream("libx264", rate=fps)
             stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
             for frame in frames:
+                if stop is not None and stop.is_set():
+                    raise _VideoAbortedError(str(path))
                 container.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
             container.mux(stream.encode())  # flush the encoder
         except BaseException:
@@ -369,6 +384,7 @@ class _Videos:
         self.frames: dict[int, list[np.ndarray]] = {}  # episode -> frames so far
         self.writer = ThreadPoolExecutor(max_workers=1) if max_episodes > 0 else None
         self.jobs: list[Future] = []
+        self.stop = threading.Event()  # set by `abort`: the write under way ends at its next frame
 
     def start(self, episodes: _Episodes, slots: np.ndarray) -> None:
         """Begin recording the episodes just started in `slots` that are among the first `max_episodes`."""
@@ -389,23 +405,36 @@ class _Videos:
         for episode in finished.tolist():
             if episode in self.frames:
                 path = self.dir / f"eval_episode_{episode}.mp4"
-                self.jobs.append(self.writer.submit(_write_video, path, self.frames.pop(episode), self.fps))
+                frames = self.frames.pop(episode)
+                self.jobs.append(self.writer.submit(_write_video, path, frames, self.fps, self.stop))
 
     def close(self) -> tuple[list[str], OSError | None]:
         """Wait for the writes; return the paths of the videos written, in the order the episodes ended, and
         the error of the first write that a full disk stopped (None if none was): the evaluation's figures
         are still worth writing then. Any other failure is raised."""
         paths, full = [], None
-        for job in self.jobs:
-            try:
-                paths.append(str(job.result()))
-            except OSError as e:
-                if no_space_error(e) is None:
-                    raise
-                full = full or no_space_error(e)
+        try:
+            for job in self.jobs:
+                try:
+                    paths.append(str(job.result()))
+                except OSError as e:
+                    if no_space_error(e) is None:
+                        raise
+                    full = full or no_space_error(e)
+        except BaseException:  # Ctrl-C while waiting for the writes
+            self.abort()
+            raise
         if self.writer is not None:
             self.writer.shutdown()
         return paths, full
+
+    def abort(self) -> None:
+        """Drop the writes not begun and end the one under way at its next frame (its temporary removed), so
+        that an evaluation that ends early leaves no half-written video and no thread writing on at exit (a
+        second Ctrl-C would interrupt the interpreter's wait for it, with a traceback)."""
+        self.stop.set()
+        if self.writer is not None:
+            self.writer.shutdown(wait=True, cancel_futures=True)
 
 
 def _reset_slots(
@@ -464,7 +493,7 @@ def eval_policy(
     video is not written, the others and the figures are.
     `slot_utilization` is busy env-steps / total env-steps (idle slots waiting for others count as waste).
     With an `AsyncVectorEnv`, a dead worker raises `EnvWorkerError` at once; a hung one does so after
-    `step_timeout_s` if given (checking costs time every step; resets and renders wait at most
+    `step_timeout_s` if given (enforced by a watchdog thread; resets and renders wait at most
     `step_timeout_s`, else `ASYNC_RESET_TIMEOUT_S`). On such an error, and on Ctrl-C, every worker of `env`
     is killed and `env` is closed (`close_now`), so no call waits on a worker that will never answer.
     A NaN or infinite action raises `NonFiniteActionError` naming the env slot, episode and step; it is
@@ -494,6 +523,7 @@ def eval_policy(
     waiting = _NO_SLOTS  # slots whose episode ended, idle until the schedule lets them begin the next
     start_time = time.perf_counter()
     bar = tqdm(total=n_episodes, desc="eval episodes", disable=not progress, leave=False)
+    restore_interrupts = interrupts_after_env_calls()
     try:
         obs = reset(np.arange(num_envs))
         while not episodes.done:
@@ -533,8 +563,13 @@ def eval_policy(
         # A dead, stopped or interrupted worker never answers gymnasium's close(), which would wait on it
         # forever (and keep a Ctrl-C from ending the program): kill the workers now.
         close_now(env)
+        videos.abort()
+        raise
+    except BaseException:
+        videos.abort()
         raise
     finally:
+        restore_interrupts()
         bar.close()
         if watchdog is not None:
             watchdog.close()

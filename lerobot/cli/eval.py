@@ -1,15 +1,19 @@
 """`scripts/eval.py`: evaluate a checkpoint (any format `lerobot.checkpoints` reads) or a baseline policy.
 
 Each evaluation has a directory of its own: an `--output-dir` that already holds one (its `eval_info.json` or
-videos) is refused unless `--overwrite` says to replace it, and the default directory
+videos) is refused unless `--overwrite` says to replace it, and so is one that another evaluation is writing
+right now (it holds a `flock` on the directory until it ends, however it ends); the default directory
 (`outputs/eval/<date>/<time>_<env>_<policy>`) gets a `_2`, `_3`... suffix when two start in the same second.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 from omegaconf import DictConfig
@@ -31,9 +35,10 @@ from lerobot.cli.exit import run_command
 from lerobot.cli.train import add_config_dir_argument
 from lerobot.config import env_config, policy_config
 from lerobot.constants import EVAL_INFO_FILE
-from lerobot.errors import ConfigError
+from lerobot.errors import ConfigError, RunDirError
 from lerobot.evaluation import earlier_evaluation, evaluate, remove_evaluation
 from lerobot.policy_registry import make_policy
+from lerobot.runtime.files import open_dir, try_flock
 
 
 def _eval_output_dir(flag: Path | None, overrides: list[str]) -> Path | None:
@@ -53,6 +58,31 @@ def _check_output_dir(out_dir: Path, overwrite: bool) -> None:
             f"{out_dir} already holds an evaluation ({found}); pick another --output-dir for this one, or pass "
             "--overwrite to replace it"
         )
+
+
+@contextlib.contextmanager
+def _sole_writer(out_dir: Path) -> Iterator[None]:
+    """Hold `out_dir` (made when missing) for this evaluation, or raise `RunDirError` when another one holds it.
+
+    The lock is a `flock` on the directory itself: no file is left behind, and the kernel drops it when this
+    process ends, however it ends. A directory made here and left empty (the evaluation failed before it
+    wrote anything) is removed again.
+    """
+    made = not out_dir.exists()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fd = open_dir(out_dir)
+    try:
+        if try_flock(fd) is False:
+            raise RunDirError(
+                f"{out_dir} is being written by another evaluation right now; wait for it to end, or pick "
+                "another --output-dir"
+            )
+        yield
+    finally:
+        os.close(fd)
+        if made:
+            with contextlib.suppress(OSError):  # not empty: it holds this evaluation's results
+                out_dir.rmdir()
 
 
 def _default_output_dir(env_name: str, policy_name: str) -> Path:
@@ -117,7 +147,33 @@ def _eval(argv: list[str] | None) -> int:
         print(config_yaml(cfg) if args.cfg else info_text(cfg, config_dirs(argv), source) + "\n", end="")
         return 0
     out_dir = _eval_output_dir(args.output_dir, args.overrides)
-    if out_dir is not None:  # before anything is loaded: an evaluation must not replace another silently
+    if out_dir is None or not distributed.is_main():
+        return _evaluate(args, out_dir)
+    # Before anything is loaded: an evaluation must not replace another silently, finished or running.
+    with _sole_writer(out_dir):
+        return _evaluate(args, out_dir)
+
+
+def _config(args: argparse.Namespace) -> tuple[DictConfig, Source | None]:
+    """The evaluation's validated config, and the checkpoint its weights come from (None: a baseline)."""
+    if args.checkpoint is not None:
+        source = locate(args.checkpoint)
+        if source.run:
+            return checkpoint_config(source.path, args.overrides, search_path=args.config_dir), source
+        # A hub-layout directory (save_pretrained's or a LeRobot pretrained_model) or repo.
+        return pretrained_config(read_spec(source.path), args.overrides, search_path=args.config_dir), source
+    if args.raw_weights:
+        raise ConfigError("--raw-weights reads a checkpoint's training state: pass --checkpoint DIR")
+    cfg = compose_config(args.overrides, search_path=args.config_dir)
+    policy_cfg = policy_config(cfg)
+    if policy_cfg.training_mode != "none":
+        raise ConfigError(f"policy {policy_cfg.name!r} needs trained weights: pass --checkpoint DIR")
+    return cfg, None
+
+
+def _evaluate(args: argparse.Namespace, out_dir: Path | None) -> int:
+    """Evaluate as `args` (parsed) say, into `out_dir` (None: a new default directory)."""
+    if out_dir is not None:
         _check_output_dir(out_dir, args.overwrite)
 
     # Under torchrun every process evaluates its share of the episodes (see `evaluate`).
@@ -145,23 +201,6 @@ def _eval(argv: list[str] | None) -> int:
     if cfg.eval.get("record_dataset") is not None:
         print(f"recorded the episodes as a LeRobotDataset in {cfg.eval.record_dataset}")
     return 0
-
-
-def _config(args: argparse.Namespace) -> tuple[DictConfig, Source | None]:
-    """The evaluation's validated config, and the checkpoint its weights come from (None: a baseline)."""
-    if args.checkpoint is not None:
-        source = locate(args.checkpoint)
-        if source.run:
-            return checkpoint_config(source.path, args.overrides, search_path=args.config_dir), source
-        # A hub-layout directory (save_pretrained's or a LeRobot pretrained_model) or repo.
-        return pretrained_config(read_spec(source.path), args.overrides, search_path=args.config_dir), source
-    if args.raw_weights:
-        raise ConfigError("--raw-weights reads a checkpoint's training state: pass --checkpoint DIR")
-    cfg = compose_config(args.overrides, search_path=args.config_dir)
-    policy_cfg = policy_config(cfg)
-    if policy_cfg.training_mode != "none":
-        raise ConfigError(f"policy {policy_cfg.name!r} needs trained weights: pass --checkpoint DIR")
-    return cfg, None
 
 
 def eval_main(argv: list[str] | None = None) -> int:

@@ -168,7 +168,10 @@ def open_preallocated_memmap(path: Path, dtype: np.dtype | type, shape: tuple[in
     """
     array = np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=shape)
     with open(path, "r+b") as f:
-        os.posix_fallocate(f.fileno(), 0, os.fstat(f.fileno()).st_size)
+        try:
+            os.posix_fallocate(f.fileno(), 0, os.fstat(f.fileno()).st_size)
+        except OSError as e:  # it names no file
+            raise OSError(e.errno, e.strerror, str(path)) from e
     return array
 
 

@@ -4,6 +4,12 @@ without waiting on workers that will never answer.
 gymnasium's `AsyncVectorEnv.close()` finishes a pending call and then waits for every worker's reply: with
 a dead worker (after a `kill -9` or the OOM killer) or a stopped one (SIGSTOP) it waits forever, and
 `close(terminate=True)` sends SIGTERM, which a stopped process never acts on. `close_now` SIGKILLs instead.
+
+A call's timeout is enforced in one of two ways. gymnasium's own (`step_wait(timeout=...)`) polls every
+worker's pipe before reading it, a cost paid at every step; a `Watchdog` thread instead compares one deadline
+with the clock four times a second and kills the workers once it has passed, which costs the caller one clock
+read per call. Evaluation's steps, resets and renders use the watchdog alone (`worker_call(...,
+polled=False)`); with gymnasium's poll (the default), the watchdog stands behind it.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ import multiprocessing.connection
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from gymnasium.vector import AsyncVectorEnv, VectorEnv
 
@@ -23,8 +29,12 @@ from lerobot.errors import EnvWorkerError
 
 # How long `kill_workers` waits for a killed worker to be reaped; SIGKILL ends even a stopped process at once.
 _REAP_TIMEOUT_S = 5.0
-# A `Watchdog` kills the workers this long after a call's own timeout has passed without it returning.
+# A `Watchdog` kills the workers this long after a call's own timeout has passed without it returning, when
+# gymnasium enforces the timeout itself (the watchdog only catches a read that its poll let through).
 _WATCHDOG_GRACE_S = 2.0
+# A watchdog whose own wake-up comes this much later than asked was itself stopped (Ctrl-Z, SIGSTOP of the
+# process group) or not run (a starved machine): that time does not count against the call it watches.
+_WATCHDOG_STALL_S = 1.0
 # How long `worker_call` waits for the exit status of a worker whose pipe broke.
 _EXIT_STATUS_WAIT_S = 2.0
 
@@ -44,20 +54,24 @@ def worker_call(
     timeout_s: float | None,
     hint: str = "",
     watchdog: Watchdog | None = None,
+    polled: bool = True,
 ) -> Iterator[None]:
     """Turn a dead worker, or one silent for `timeout_s`, during `what` into one `EnvWorkerError` naming it;
     `hint` (what to change if the worker is only slow) ends the timeout message. With a `watchdog`, a call
-    still running `_WATCHDOG_GRACE_S` after `timeout_s` is ended by killing the workers."""
+    still running `_WATCHDOG_GRACE_S` after `timeout_s` is ended by killing the workers; `polled=False`: the
+    call waits without gymnasium's timeout (no polling cost), and the watchdog ends it at `timeout_s`."""
     if watchdog is not None and timeout_s is not None:
-        watchdog.deadline = time.monotonic() + timeout_s + _WATCHDOG_GRACE_S
+        watchdog.deadline = time.monotonic() + timeout_s + (_WATCHDOG_GRACE_S if polled else 0.0)
     try:
         yield
     except (EOFError, OSError) as e:
         if watchdog is not None and watchdog.stopped_workers is not None:
             stopped = watchdog.stopped_workers
             who = ", ".join(f"env worker {i} (pid {env.processes[i].pid})" for i in stopped)
+            # Behind gymnasium's poll, the worker had begun its reply; without it, nothing tells them apart.
+            verb = "finish" if polled else "answer"
             raise EnvWorkerError(
-                f"{who or 'an env worker'} of {env.num_envs} did not finish a {what} within {timeout_s:.0f} s "
+                f"{who or 'an env worker'} of {env.num_envs} did not {verb} a {what} within {timeout_s:.0f} s "
                 f"(stopped or stuck){hint}"
             ) from None
         # The pipe can break before the exit status is in: give the dead worker a moment to be reaped.
@@ -91,7 +105,9 @@ class Watchdog:
     gymnasium's timeout polls each pipe, then reads it without a timeout: a worker stopped halfway through
     sending a reply larger than the pipe buffer (a rendered frame) passes the poll and blocks the read
     forever. The kill turns that read into a broken pipe, which `worker_call` reports as the timeout.
-    Setting the deadline costs the rollout one clock read per call.
+    Setting the deadline costs the rollout one clock read per call, so the watchdog alone also enforces the
+    step timeout (`worker_call(..., polled=False)`). Time during which the watchdog itself was stopped (the
+    whole process group stopped with Ctrl-Z, then resumed) moves the deadline on by as much.
     """
 
     def __init__(self, env: AsyncVectorEnv, check_every_s: float = 0.25):
@@ -102,8 +118,14 @@ class Watchdog:
         threading.Thread(target=self._run, name="env-watchdog", daemon=True).start()
 
     def _run(self) -> None:
+        woke = time.monotonic()
         while not self._done.wait(self.check_every_s):
-            if time.monotonic() > self.deadline:
+            now = time.monotonic()
+            late = now - woke - self.check_every_s
+            woke = now
+            if late > _WATCHDOG_STALL_S:  # this process was stopped: so were its calls, not only the workers
+                self.deadline += late
+            if now > self.deadline:
                 self.stopped_workers = [i for i, p in enumerate(self.env.processes) if _state(p.pid) == "T"]
                 for process in self.env.processes:
                     process.kill()  # no-op for a reaped worker; never waits
@@ -121,6 +143,54 @@ def _state(pid: int | None) -> str:
             return f.read().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
         return "?"
+
+
+class _EnvCalls:
+    """Ctrl-C while this process runs an env's own code (a sync env's step, reset or render), raised once that
+    call has returned: `with ENV_CALLS: env.step(action)`.
+
+    Such a call runs C code that calls back into Python (gym-pusht's pymunk collision and drawing callbacks),
+    and a KeyboardInterrupt raised inside a callback cannot unwind the C code: Python prints it ("Exception
+    ignored from cffi callback", with a traceback), drops it, and the evaluation goes on as if no Ctrl-C came.
+    While `interrupts_after_env_calls` is in force, Ctrl-C inside a call is noted and raised at its end; anywhere
+    else it is raised at once, as by Python's own handler. Entering and leaving costs a counter, not a syscall.
+    """
+
+    def __init__(self):
+        self.depth = 0
+        self.pending = False
+
+    def __enter__(self) -> None:
+        self.depth += 1
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.depth -= 1
+        if self.pending and not self.depth:
+            self.pending = False
+            raise KeyboardInterrupt
+
+    def handle(self, signum: int, frame: object) -> None:
+        if self.depth:
+            self.pending = True
+        else:
+            raise KeyboardInterrupt
+
+
+ENV_CALLS = _EnvCalls()
+
+
+def interrupts_after_env_calls() -> Callable[[], None]:
+    """Hold Ctrl-C back while an env call runs (`ENV_CALLS`) until the returned function is called.
+
+    Only where Python's own Ctrl-C handler is in place, in the main thread (a trainer's stop handler, say,
+    raises nothing and is left alone)."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return lambda: None
+    ENV_CALLS.pending = False
+    signal.signal(signal.SIGINT, ENV_CALLS.handle)
+    return lambda: signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def kill_workers(env: AsyncVectorEnv) -> None:

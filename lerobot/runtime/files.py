@@ -45,6 +45,7 @@ import glob
 import json
 import logging
 import os
+import re
 import secrets
 import shutil
 import socket
@@ -64,6 +65,42 @@ NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT})
 def temporary_sibling(path: Path) -> Path:
     """A fresh hidden name beside `path` (same folder, same suffix) for writing it atomically."""
     return path.with_name(f".{path.stem}.{os.getpid()}-{secrets.token_hex(4)}.tmp{path.suffix}")
+
+
+def remove_dead_writers_temporaries(directory: Path | str) -> int:
+    """Delete the file temporaries (`temporary_sibling`) in `directory` whose writer is gone; return how many.
+
+    A temporary names its writer's PID: it is gone when no process has that PID here, or when the PID is
+    this process's own (which is only starting to write there; a killed writer's PID comes back as PID 1 of
+    a container). Call it only where no other process may be writing at the same time (a directory this
+    process holds a lock on): a writer in another PID namespace looks gone too.
+    """
+    directory, removed = Path(directory), 0
+    if not directory.is_dir():
+        return 0
+    for path in directory.glob(".*.tmp*"):
+        match = _TEMPORARY_NAME.fullmatch(path.name)
+        if match is None or path.is_dir() or (int(match[1]) != os.getpid() and _pid_alive(int(match[1]))):
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+            removed += 1
+    return removed
+
+
+# `temporary_sibling`'s names: `.<stem>.<pid>-<8 hex digits>.tmp<suffix>`.
+_TEMPORARY_NAME = re.compile(r"\..*\.(\d+)-[0-9a-f]{8}\.tmp(?:\.[^/]*)?")
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether a process with this PID exists here (one of another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def atomic_write(path: Path | str, write: Callable[[Path], object], fsync: bool = False) -> Path:
