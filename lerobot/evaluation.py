@@ -22,6 +22,8 @@ from lerobot.config import env_config
 from lerobot.constants import EVAL_INFO_FILE
 from lerobot.datasets.recording import EpisodeRecorder, remove_stale_recordings, spill_dir
 from lerobot.envs import make_env, resolve_use_async
+from lerobot.envs.factory import env_task_names
+from lerobot.envs.tasks import EpisodeSpec, episode_plan
 from lerobot.errors import ConfigError
 from lerobot.policies.policy import Policy
 from lerobot.rollout import aggregate_episodes, eval_policy
@@ -36,9 +38,11 @@ VIDEOS_DIR = "videos"
 def evaluate(cfg: DictConfig, policy: Policy, out_dir: Path, progress: bool = False) -> dict[str, Any]:
     """Run `eval_policy` with the `eval` settings of `cfg`; write `out_dir/eval_info.json` and videos.
 
-    The env count is `min(eval.batch_size, episodes)`, sync or async per `eval.use_async_envs`. On N
-    processes (`distributed`) each one runs its contiguous share of the episodes, episode i with seed
-    `eval.start_seed + i` as on one process, in its own vector env of up to `eval.batch_size` envs; the
+    The episodes: `eval.n_episodes` with seeds `eval.start_seed + k`, of each task of a multi-task env
+    (`env.task`), task by task. The env count is `min(eval.batch_size, episodes)`, sync or async per
+    `eval.use_async_envs`: slots run any task, so memory grows with the slots, not the tasks. On N
+    processes (`distributed`) each one runs its contiguous share of the episodes, each with its own task and
+    seed as on one process, in its own vector env of up to `eval.batch_size` envs; the
     per-episode results are merged in episode order and aggregated once (identical to the one-process run
     for a deterministic policy), and the main process writes `eval_info.json` and the videos (of its own
     episodes, the first ones). Every process returns the merged results.
@@ -46,7 +50,8 @@ def evaluate(cfg: DictConfig, policy: Policy, out_dir: Path, progress: bool = Fa
     record = cfg.eval.get("record_dataset")
     if record is not None:
         check_record_dataset(record)
-    start, stop = distributed.share(cfg.eval.n_episodes)
+    plan = episode_plan(cfg.eval.n_episodes, cfg.eval.start_seed, env_task_names(env_config(cfg)))
+    start, stop = distributed.share(len(plan))
     main = distributed.is_main()
     if main:  # what a killed evaluation into `out_dir` left (a video or eval_info.json cut short)
         for directory in (Path(out_dir), Path(out_dir) / VIDEOS_DIR):
@@ -62,8 +67,7 @@ def evaluate(cfg: DictConfig, policy: Policy, out_dir: Path, progress: bool = Fa
             part = _evaluate_episodes(
                 cfg,
                 policy,
-                start,
-                stop,
+                plan[start:stop],
                 max_episodes_rendered=cfg.eval.max_episodes_rendered if main else 0,
                 videos_dir=Path(out_dir) / VIDEOS_DIR if main else None,
                 progress=progress and main,
@@ -73,7 +77,7 @@ def evaluate(cfg: DictConfig, policy: Policy, out_dir: Path, progress: bool = Fa
             env_cfg = env_config(cfg)
             try:
                 recorder.write(record, fps=env_cfg.fps, task=env_cfg.name, name=env_cfg.name)
-                log.info("recorded %d episodes as a LeRobotDataset in %s", cfg.eval.n_episodes, record)
+                log.info("recorded %d episodes as a LeRobotDataset in %s", len(plan), record)
             except Exception as e:  # a full disk costs the dataset, not the evaluation's figures
                 record_error = no_space_error(e)
                 if record_error is None:
@@ -155,26 +159,24 @@ def remove_evaluation(out_dir: Path) -> None:
 def _evaluate_episodes(
     cfg: DictConfig,
     policy: Policy,
-    start: int,
-    stop: int,
+    plan: list[EpisodeSpec],
     max_episodes_rendered: int,
     videos_dir: Path | None,
     progress: bool,
     recorder: EpisodeRecorder | None = None,
 ) -> dict[str, Any]:
-    """`eval_policy` over episodes `[start, stop)` (seeds `eval.start_seed + i`) in a vector env of its own;
-    its rows count episodes from 0."""
+    """`eval_policy` over the episodes `plan` in a vector env of its own; its rows count episodes from 0."""
     env_cfg = env_config(cfg)
-    n_episodes = stop - start
+    n_episodes = len(plan)
     n_envs = min(cfg.eval.batch_size, n_episodes)
     use_async = resolve_use_async(cfg.eval.use_async_envs, env_cfg, n_envs)
+    tasks = sorted({spec.task for spec in plan if spec.task is not None})
     log.info(
-        "evaluating %s on %s: episodes %d-%d of %d, %d %s envs",
+        "evaluating %s on %s: %d episodes%s, %d %s envs",
         cfg.policy.name,
         env_cfg.name,
-        start,
-        stop - 1,
-        cfg.eval.n_episodes,
+        n_episodes,
+        f" of {len(tasks)} tasks" if tasks else "",
         n_envs,
         "async" if use_async else "sync",
     )
@@ -188,7 +190,7 @@ def _evaluate_episodes(
                 env,
                 policy,
                 n_episodes,
-                start_seed=cfg.eval.start_seed + start,
+                plan=plan,
                 max_episodes_rendered=max_episodes_rendered,
                 videos_dir=videos_dir,
                 progress=progress,
@@ -223,3 +225,23 @@ def merge_eval_parts(parts: list[tuple[int, dict[str, Any]]]) -> dict[str, Any]:
         "aggregated": aggregated,
         "video_paths": [path for _, p in parts for path in p["video_paths"]],
     }
+
+
+def per_task_table(aggregated: dict[str, Any]) -> str | None:
+    """The per-task figures of a multi-task evaluation as a text table (None for a single-task one): success
+    with its 95% interval, average max reward, mean steps, episodes; then the mean over tasks."""
+    per_task = aggregated.get("per_task")
+    if not per_task:
+        return None
+    width = max(len(task) for task in [*per_task, "mean over tasks"])
+    lines = [f"{'task':<{width}}  success % [95% CI]       avg max reward  avg steps  episodes"]
+    for task, f in per_task.items():
+        interval = f"[{f['pc_success_ci95_low']:5.1f}, {f['pc_success_ci95_high']:5.1f}]"
+        lines.append(
+            f"{task:<{width}}  {f['pc_success']:5.1f} {interval:<16}  {f['avg_max_reward']:14.3f}  "
+            f"{f['avg_steps']:9.1f}  {f['n_episodes']:8d}"
+        )
+    mean_success = sum(f["pc_success"] for f in per_task.values()) / len(per_task)
+    mean_reward = sum(f["avg_max_reward"] for f in per_task.values()) / len(per_task)
+    lines.append(f"{'mean over tasks':<{width}}  {mean_success:5.1f} {'':<16}  {mean_reward:14.3f}")
+    return "\n".join(lines)

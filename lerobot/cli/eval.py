@@ -36,7 +36,7 @@ from lerobot.cli.train import add_config_dir_argument
 from lerobot.config import env_config, policy_config
 from lerobot.constants import EVAL_INFO_FILE
 from lerobot.errors import ConfigError, RunDirError
-from lerobot.evaluation import earlier_evaluation, evaluate, remove_evaluation
+from lerobot.evaluation import earlier_evaluation, evaluate, per_task_table, remove_evaluation
 from lerobot.policy_registry import make_policy
 from lerobot.runtime.files import open_dir, try_flock
 
@@ -196,7 +196,10 @@ def _evaluate(args: argparse.Namespace, out_dir: Path | None) -> int:
         info = evaluate(cfg, policy, Path(out_dir), progress=True)
     if not distributed.is_main():
         return 0
-    print(json.dumps(info["aggregated"], indent=2))
+    table = per_task_table(info["aggregated"])
+    if table is not None:
+        print(table)
+    print(json.dumps({k: v for k, v in info["aggregated"].items() if k != "per_task"}, indent=2))
     print(f"wrote {Path(out_dir) / EVAL_INFO_FILE} and {len(info['video_paths'])} video(s)")
     if cfg.eval.get("record_dataset") is not None:
         print(f"recorded the episodes as a LeRobotDataset in {cfg.eval.record_dataset}")

@@ -218,7 +218,10 @@ class TrainingLoop:
             agg["avg_max_reward"],
             agg["avg_sum_reward"],
         )
-        self.logger.log(self.step, agg, split="eval")
+        # A multi-task evaluation's per-task success joins the curves as `pc_success/<task>`.
+        per_task = {f"pc_success/{task}": f["pc_success"] for task, f in agg.get("per_task", {}).items()}
+        figures = {k: v for k, v in agg.items() if k != "per_task"}
+        self.logger.log(self.step, {**figures, **per_task}, split="eval")
         for path in info["video_paths"][:1]:
             self.logger.log_video(self.step, path)
         return info
