@@ -393,3 +393,20 @@ def test_action_repeat_sums_rewards_and_tdmpc_trains_online_on_one_task(tmp_path
     assert [r["task"] for r in info["per_episode"]] == ["reach-v3"] and info["per_episode"][0][
         "n_steps"
     ] == 10
+
+
+def test_a_recipe_without_its_recorded_demonstrations_says_how_to_record_them(tmp_path, capsys):
+    from lerobot.cli.train import train_main
+
+    missing = tmp_path / "not_recorded"
+    code = train_main(
+        [
+            "+experiment=diffusion_metaworld_mt10_cpu",
+            f"dataset.root={missing}",
+            f"output_dir={tmp_path / 'run'}",
+        ]
+    )
+    assert code == 2
+    err = capsys.readouterr().err
+    assert f"dataset.root={missing}: no such directory" in err and "eval.record_dataset=DIR" in err
+    assert not (tmp_path / "run").exists()

@@ -115,6 +115,12 @@ def find_lerobot_source(dataset_cfg: DatasetConfig) -> Path:
         root = Path(dataset_cfg.root).expanduser()
         if (root / INFO_PATH).is_file():
             return root
+        if not root.exists():
+            raise DatasetNotFoundError(
+                f"dataset.root={dataset_cfg.root}: no such directory; point dataset.root at a LeRobotDataset, or "
+                "record one first (scripts/eval.py policy=<expert or checkpoint> env=<env> "
+                "eval.record_dataset=DIR; docs/metaworld.md records MetaWorld's experts)"
+            )
         raise DatasetNotFoundError(
             f"dataset.root={dataset_cfg.root}: no {INFO_PATH}; point dataset.root at the LeRobotDataset directory "
             "(the one holding meta/, data/, videos/)"
