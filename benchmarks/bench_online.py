@@ -4,8 +4,17 @@
     python benchmarks/bench_online.py compare           # Pendulum: n_envs 1/4/8 x gradient_steps 1/-1
     python benchmarks/bench_online.py final             # last checkpoint of each run on 20 episodes
     python benchmarks/bench_online.py plot              # redraw the PNG from the saved JSON
+    python benchmarks/bench_online.py dmc-timing        # DMC, the paper's settings: seconds per agent step
 
-Results go to `benchmarks/results/online.json` (sections `timing` and `pendulum`) and `online.png`.
+Results go to `benchmarks/results/online.json` (sections `timing`, `pendulum` and `dmc_timing`) and `online.png`.
+
+`dmc-timing` trains TD-MPC with configs/experiment/tdmpc_dmc.yaml on one DMC task for `--steps` agent steps
+after `--learning-starts` random ones (a small seed phase, for the timing only), splits the time of an agent
+step into planning, the env step, the rest of the collection (observation conversion, replay buffer) and
+the update (the run's `collect_s` and `update_s`, over the log windows after `--warmup-windows`; planning
+and env steps timed call by call inside the run), and extrapolates the recipe's 100,000 agent steps: 5,000
+random steps, 95,000 steps with an update each, and 10 evaluations of 10 episodes (500 planning calls at
+batch 10 each, that call timed alone).
 
 `compare` trains one run per (n_envs, gradient_steps) on the same budget of env transitions and evaluates each
 run every `--eval-freq` transitions on the same `--eval-episodes` seeded episodes. It uses the CPU-sized
@@ -17,6 +26,7 @@ once and reported for both.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -26,6 +36,7 @@ import sys
 import time
 from pathlib import Path
 
+import common  # first: it sets OMP_WAIT_POLICY before torch loads
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -270,6 +281,125 @@ def plot(args: argparse.Namespace) -> None:
     print(f"wrote {PLOT_FILE}")
 
 
+# The recipe being extrapolated (configs/experiment/tdmpc_dmc.yaml): agent steps, random ones, evaluations.
+DMC_RECIPE = "+experiment=tdmpc_dmc"
+DMC_STEPS, DMC_SEED_STEPS, DMC_EVALS, DMC_EVAL_EPISODES, DMC_EPISODE_STEPS = 100_000, 5000, 10, 10, 500
+
+
+def _timed(cls: type, name: str, durations: list[float]) -> None:
+    """Wrap the method `cls.name` so that each call appends its wall time to `durations` (benchmark only)."""
+    method = getattr(cls, name)
+
+    @functools.wraps(method)
+    def wrapper(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return method(*args, **kwargs)
+        finally:
+            durations.append(time.perf_counter() - t0)
+
+    setattr(cls, name, wrapper)
+
+
+def dmc_timing(args: argparse.Namespace) -> dict:
+    """Seconds per agent step of TD-MPC online training on a DMC task with the paper's settings, split into
+    planning, env step and update, and the recipe's 100,000 steps extrapolated from them."""
+    from lerobot.envs.dmc import DMCEnv
+    from lerobot.policies.tdmpc.modeling import TDMPCPolicy
+    from lerobot.training.online import train_online
+
+    torch.set_num_threads(args.threads)
+    machine = common.machine_info()
+    run_dir = Path(args.work_dir) / f"dmc_timing_{args.env}"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    overrides = [
+        DMC_RECIPE,
+        f"env={args.env}",
+        f"training.steps={args.learning_starts + args.steps}",
+        f"training.learning_starts={args.learning_starts}",
+        f"training.log_freq={args.log_freq}",
+        f"training.save_freq={10 * (args.learning_starts + args.steps)}",
+        "training.save_buffer=false",
+        "eval.freq=0",
+        f"seed={args.seed}",
+        f"output_dir={run_dir}",
+    ]
+    cfg = compose_config(overrides)
+    policy_cfg = make_policy_config(cfg.policy, env_config(cfg))
+    # Inside the run: every planning call (one per agent step once learning starts: 1 env, 1 action per
+    # plan) and every env step.
+    plan_s: list[float] = []
+    env_step_s: list[float] = []
+    _timed(TDMPCPolicy, "predict_action_chunk", plan_s)
+    _timed(DMCEnv, "step", env_step_s)
+    t0 = time.perf_counter()
+    train_online(cfg, policy_cfg, progress=False)
+    wall_s = time.perf_counter() - t0
+    train = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
+    train = [r for r in train if r["split"] == "train"]
+    random_windows = [r for r in train if r["step"] <= args.learning_starts]
+    warmup = args.warmup_windows * args.log_freq
+    first_timed = args.learning_starts + warmup
+    timed = [r for r in train if r["step"] - args.log_freq >= first_timed]
+    if not timed:
+        raise SystemExit(f"no log window after {first_timed} steps: raise --steps or lower --log-freq")
+    collect_s = statistics.mean(r["collect_s"] for r in timed)
+    update_s = statistics.mean(r["update_s"] for r in timed)
+    updates_per_step = statistics.mean(r["updates_per_transition"] for r in timed)
+    random_step_s = statistics.mean(r["collect_s"] for r in random_windows) if random_windows else None
+    planning = statistics.mean(plan_s[warmup:])
+    env_step = statistics.mean(env_step_s[first_timed:])
+
+    # Evaluation plans 10 episodes at once: that call timed alone, on fresh weights of the run's config (its
+    # cost does not depend on the weights).
+    (obs_dim,) = env_config(cfg).features["observation.state"].shape
+    torch.manual_seed(0)
+    policy = make_policy(policy_cfg).eval()
+    obs = {"observation.state": torch.randn(DMC_EVAL_EPISODES, obs_dim)}
+    plan_eval_s = _time(lambda: policy.select_action(obs), args.repeats)["median_ms"] / 1e3
+
+    step_s = collect_s + update_s * updates_per_step
+    learning_steps = DMC_STEPS - DMC_SEED_STEPS
+    eval_s = DMC_EVALS * DMC_EPISODE_STEPS * (plan_eval_s + DMC_EVAL_EPISODES * env_step)
+    seed_s = DMC_SEED_STEPS * (random_step_s if random_step_s is not None else env_step)
+    total_s = seed_s + learning_steps * step_s + eval_s
+    result = {
+        "machine": machine,
+        "threads": args.threads,
+        "overrides": overrides,
+        "wall_s": wall_s,
+        "timed_steps": timed[-1]["step"] - first_timed,
+        "per_agent_step_s": {
+            "total": step_s,
+            "planning": planning,
+            "env_step": env_step,
+            "collect_other": collect_s - planning - env_step,
+            "update": update_s * updates_per_step,
+        },
+        "update_s": update_s,
+        "updates_per_step": updates_per_step,
+        # Each timed log window: the load on a shared machine moves these more than anything else.
+        "windows": [
+            {"step": r["step"], "collect_s": r["collect_s"], "update_s": r["update_s"]} for r in timed
+        ],
+        "random_step_s": random_step_s,
+        "eval_plan_batch10_s": plan_eval_s,
+        "extrapolated_100k_h": {
+            "seed_steps": seed_s / 3600,
+            "learning_steps": learning_steps * step_s / 3600,
+            "evaluations": eval_s / 3600,
+            "total": total_s / 3600,
+        },
+        "load_avg_end": _load(),
+    }
+    results = json.loads(RESULTS_FILE.read_text()) if RESULTS_FILE.exists() else {}
+    section = results.get("dmc_timing", {})
+    section[args.env] = result
+    _save_section("dmc_timing", section)
+    print(json.dumps(result, indent=1))
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -297,8 +427,25 @@ def main() -> None:
     f.add_argument("--threads", type=int, default=1)
     f.add_argument("--work-dir", default="/tmp/bench_online")
     sub.add_parser("plot")
+    d = sub.add_parser("dmc-timing")
+    d.add_argument("--env", default="dmc_cartpole_swingup")
+    d.add_argument("--steps", type=int, default=2000, help="agent steps timed after learning starts")
+    d.add_argument("--learning-starts", type=int, default=500)
+    d.add_argument("--log-freq", type=int, default=250)
+    d.add_argument("--warmup-windows", type=int, default=1, help="log windows after learning starts left out")
+    d.add_argument("--repeats", type=int, default=20)
+    d.add_argument("--threads", type=int, default=torch.get_num_threads())
+    d.add_argument("--seed", type=int, default=1)
+    d.add_argument("--work-dir", default="/tmp/bench_online")
     args = parser.parse_args()
-    {"timing": timing, "compare": compare, "final": final_eval, "plot": plot}[args.cmd](args)
+    commands = {
+        "timing": timing,
+        "compare": compare,
+        "final": final_eval,
+        "plot": plot,
+        "dmc-timing": dmc_timing,
+    }
+    commands[args.cmd](args)
 
 
 if __name__ == "__main__":
