@@ -15,7 +15,7 @@ pytest.importorskip("dm_control", reason="dm_control is not installed: pip insta
 from lerobot.cli import compose_config, train_main  # noqa: E402
 from lerobot.config import env_config  # noqa: E402
 from lerobot.envs import make_env, make_single_env  # noqa: E402
-from lerobot.envs.dmc import DMCEnv  # noqa: E402
+from lerobot.envs.dmc import CONFIG_GYM_ID, DMCEnv  # noqa: E402
 from lerobot.errors import ConfigError  # noqa: E402
 from lerobot.policy_registry import make_policy_config  # noqa: E402
 
@@ -41,6 +41,7 @@ def test_spaces_shapes_and_protocol(name):
     domain, task, obs_dim, action_dim, control_dt = TASKS[name]
     cfg = _env_cfg(name)
     assert cfg.name == name and cfg.max_episode_steps == 500 and cfg.gym_kwargs["action_repeat"] == 2
+    assert cfg.gym_id == CONFIG_GYM_ID == "lerobot.envs.dmc:lerobot/DMC-v0"
     assert cfg.features["observation.state"].shape == [obs_dim]
     assert cfg.features["action"].shape == [action_dim]
     assert cfg.fps == round(1 / (2 * control_dt))
