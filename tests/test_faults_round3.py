@@ -36,20 +36,27 @@ def data_args(tmp_path_factory) -> list[str]:
 
 # ------------------------------------------------------------------------------------------------- sweeps
 def test_the_readme_sweep_without_a_sweep_dir_writes_its_summary_in_the_default_directory(
-    tmp_path, monkeypatch, data_args, capsys
+    tmp_path, data_args
 ):
-    # The README's shape, `scripts/train.py -m <overrides> seed=1,2`, with no hydra.sweep.dir: the default
-    # directory (which names the env and the policy) is resolved once, before the jobs run.
-    monkeypatch.chdir(tmp_path)
+    # The README's shape, `python scripts/train.py -m <overrides> seed=1,2`, with no hydra.sweep.dir, run as a
+    # user runs it (its own process, from another directory): the default directory (which names the env and
+    # the policy) is resolved once, before the jobs run.
     job = [*TINY, "env=pusht_keypoints", "training.steps=2", "training.save_freq=2", "eval.freq=0"]
-    assert train_main(["-m", *job, *data_args, "seed=1,2"]) == 0
+    done = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "train.py"), "-m", *job, *data_args, "seed=1,2"],
+        cwd=tmp_path,
+        env=_child_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
     (summary,) = (tmp_path / "outputs" / "multirun").glob("*/*_pusht_keypoints_diffusion/summary.json")
     jobs = json.loads(summary.read_text())["jobs"]
     assert [j["status"] for j in jobs] == ["completed", "completed"]
-    assert [j["run_dir"] for j in jobs] == [str(summary.parent / n) for n in ("0", "1")]
+    assert [Path(j["run_dir"]).resolve() for j in jobs] == [summary.parent.resolve() / n for n in ("0", "1")]
     assert all(j["final"]["train"]["step"] == 2 for j in jobs)
-    out = capsys.readouterr().out
-    assert f"sweep summary: {summary.relative_to(tmp_path)}" in out
+    assert f"sweep summary: {summary.relative_to(tmp_path)}" in done.stdout
 
 
 # ------------------------------------------------------------------------------------------------ helpers
