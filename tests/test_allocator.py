@@ -4,6 +4,7 @@ faults."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -33,7 +34,15 @@ print(json.dumps({"applied": applied, "faults": resource.getrusage(resource.RUSA
 
 
 def _faults(mode: str) -> dict:
-    out = subprocess.run([sys.executable, "-c", _SCRIPT, mode], capture_output=True, text=True, check=True)
+    # opencv (which gym-pusht imports) sets LD_LIBRARY_PATH to its own library folder for this process's
+    # children; a child started with it takes almost no faults under glibc's defaults, so the default case
+    # would measure nothing. The child gets the environment without that entry.
+    env = dict(os.environ)
+    if "cv2" in env.get("LD_LIBRARY_PATH", ""):
+        del env["LD_LIBRARY_PATH"]
+    out = subprocess.run(
+        [sys.executable, "-c", _SCRIPT, mode], capture_output=True, text=True, check=True, env=env
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
