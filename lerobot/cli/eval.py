@@ -17,7 +17,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from omegaconf import DictConfig
-from tqdm.contrib.logging import logging_redirect_tqdm
 
 from lerobot import distributed
 from lerobot.checkpoints import Source, load_for_run, locate, read_spec
@@ -31,7 +30,7 @@ from lerobot.cli.catalog import (
     info_text,
 )
 from lerobot.cli.compose import checkpoint_config, compose_config, pretrained_config
-from lerobot.cli.exit import run_command
+from lerobot.cli.exit import log_above_progress_bars, run_command
 from lerobot.cli.train import add_config_dir_argument
 from lerobot.config import env_config, policy_config
 from lerobot.constants import EVAL_INFO_FILE
@@ -192,7 +191,7 @@ def _evaluate(args: argparse.Namespace, out_dir: Path | None) -> int:
         out_dir = distributed.on_main(lambda: _default_output_dir(env_cfg.name, cfg.policy.name))
     elif args.overwrite and distributed.is_main():
         remove_evaluation(out_dir)
-    with logging_redirect_tqdm():  # log lines above the progress bar, not on its line
+    with log_above_progress_bars():  # log lines above the progress bar, not on its line
         info = evaluate(cfg, policy, Path(out_dir), progress=True)
     if not distributed.is_main():
         return 0

@@ -14,7 +14,10 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from lerobot import distributed
 from lerobot.errors import EXPECTED_ERRORS
@@ -33,6 +36,22 @@ class _Terminated(BaseException):
 
 def _raise_terminated(signum: int, frame: object) -> None:
     raise _Terminated(signum)
+
+
+@contextmanager
+def log_above_progress_bars() -> Iterator[None]:
+    """Log lines go above tqdm's progress bars, each on its own line, when the root logger writes to the
+    console (a command, after `run_command`'s `basicConfig`); a caller whose logging goes elsewhere (a library
+    user, a test's capture) keeps its handlers as they are."""
+    console = any(
+        isinstance(h, logging.StreamHandler) and h.stream in (sys.stdout, sys.stderr)
+        for h in logging.getLogger().handlers
+    )
+    if not console:
+        yield
+        return
+    with logging_redirect_tqdm():
+        yield
 
 
 def run_command(main: Callable[[list[str] | None], int], argv: list[str] | None) -> int:

@@ -8,8 +8,6 @@ import shlex
 import sys
 from pathlib import Path
 
-from tqdm.contrib.logging import logging_redirect_tqdm
-
 from lerobot import distributed
 from lerobot.checkpoints.run import latest_checkpoint
 from lerobot.cli.catalog import (
@@ -22,7 +20,7 @@ from lerobot.cli.catalog import (
     info_text,
 )
 from lerobot.cli.compose import compose_train_config
-from lerobot.cli.exit import run_command
+from lerobot.cli.exit import log_above_progress_bars, run_command
 from lerobot.cli.sweep import run_sweep
 from lerobot.errors import ConfigError
 from lerobot.runtime.signals import EXIT_CODES, StopAborted, stop_on_signals
@@ -84,7 +82,7 @@ def _train(argv: list[str] | None) -> int:
         return 0
     # Log lines go above the progress bar, each on its own line (not onto the bar's line).
     command = sys.argv[1:] if argv is None else list(argv)
-    with stop_on_signals() as stop, logging_redirect_tqdm():
+    with stop_on_signals() as stop, log_above_progress_bars():
         try:
             run_dir = train(cfg)
         except StopAborted as e:  # stopped where nothing could be saved: say what a relaunch does
