@@ -15,7 +15,11 @@ from lerobot.runtime import allocator
 # A planning call of 4 envs at the CPU recipe's sizes (activations of 544 x 256 floats), repeated: the minor
 # page faults of calls 3 to 5, with the command's allocator setting or glibc's defaults.
 _SCRIPT = """
-import json, resource, sys, torch
+import ctypes, json, resource, sys
+# Faults counted in 4 KB pages: with transparent huge pages one fault can map 2 MB, as the machine's memory
+# allows, and glibc's defaults then show almost none (PR_SET_THP_DISABLE, Linux).
+ctypes.CDLL(None, use_errno=True).prctl(41, 1, 0, 0, 0)
+import torch
 from lerobot.runtime.allocator import keep_freed_memory
 applied = keep_freed_memory() if sys.argv[1] == "keep" else False
 sys.path.insert(0, "tests")
