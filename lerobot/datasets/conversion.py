@@ -13,6 +13,7 @@ from pathlib import Path
 from lerobot.datasets.episode_dataset import EpisodeDataset
 from lerobot.datasets.format import check_free_space, out_of_space_error, read_meta
 from lerobot.errors import DatasetError, DatasetNotFoundError
+from lerobot.runtime.files import pid_alive
 
 log = logging.getLogger(__name__)
 
@@ -43,18 +44,8 @@ def remove_stale_temps(parent: Path, name: str) -> None:
             pid = int(leftover.name.split("-")[1])
         except (IndexError, ValueError):
             continue
-        if pid != os.getpid() and not _pid_alive(pid):
+        if pid != os.getpid() and not pid_alive(pid):
             shutil.rmtree(leftover, ignore_errors=True)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def install_conversion(tmp: Path, out_dir: Path, fingerprint: str, replace_current: bool) -> None:

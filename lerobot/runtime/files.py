@@ -80,7 +80,7 @@ def remove_dead_writers_temporaries(directory: Path | str) -> int:
         return 0
     for path in directory.glob(".*.tmp*"):
         match = _TEMPORARY_NAME.fullmatch(path.name)
-        if match is None or path.is_dir() or (int(match[1]) != os.getpid() and _pid_alive(int(match[1]))):
+        if match is None or path.is_dir() or (int(match[1]) != os.getpid() and pid_alive(int(match[1]))):
             continue
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
@@ -92,7 +92,7 @@ def remove_dead_writers_temporaries(directory: Path | str) -> int:
 _TEMPORARY_NAME = re.compile(r"\..*\.(\d+)-[0-9a-f]{8}\.tmp(?:\.[^/]*)?")
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     """Whether a process with this PID exists here (one of another user's counts)."""
     try:
         os.kill(pid, 0)
