@@ -168,6 +168,8 @@ class TrainingConfig:
     utd_ratio: float | None = None  # updates per transition; takes precedence over gradient_steps
     # Transitions collected with random actions before the first update.
     learning_starts: int = 1000
+    # Updates made at once, on the random data alone, when learning starts (TD-MPC: as many as learning_starts).
+    initial_updates: int = 0
     buffer_capacity: int = 1_000_000
     # Share of each batch drawn from the offline dataset (0: online experience only).
     offline_ratio: float = 0.0

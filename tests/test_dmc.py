@@ -253,6 +253,8 @@ def test_tiny_tdmpc_run_through_the_training_command(tmp_path):
         "training.batch_size=8",
         "training.steps=48",
         "training.learning_starts=24",
+        "training.initial_updates=24",
+        "policy.schedule_steps=40",
         "training.log_freq=24",
         "training.save_freq=48",
         "eval.freq=48",
@@ -266,7 +268,8 @@ def test_tiny_tdmpc_run_through_the_training_command(tmp_path):
     train = [r for r in records if r["split"] == "train"]
     (evaluation,) = [r for r in records if r["split"] == "eval"]
     assert [r["step"] for r in train] == [24, 48]
-    assert train[-1]["updates"] == 24 and np.isfinite(train[-1]["loss"])
+    # One update per step past learning_starts, plus the recipe's burst when learning starts (shrunk to 24).
+    assert train[-1]["updates"] == 24 + 24 and np.isfinite(train[-1]["loss"])
     # Two 20-step episodes finished by step 40; DMC pays rewards in [0, 1] per control step.
     assert train[-1]["episode_length"] == 20 and 0 <= train[-1]["episode_return"] <= 40
     assert evaluation["step"] == 48 and 0 <= evaluation["avg_sum_reward"] <= 40

@@ -157,3 +157,19 @@ def test_stop_line_names_every_process_the_signal_reached_by_the_time_the_checkp
         assert stop.received_by == (1,)  # what the step's exchange saw
     assert (stop.stopped_at, stop.stop_signum) == (8, signal.SIGTERM)
     assert stop.received_by_text(2) == " (received by all 2 processes)"
+
+
+@pytest.mark.parametrize("utd_ratio", [None, 0.5])
+def test_initial_updates_come_once_when_learning_starts(utd_ratio):
+    """TD-MPC's catch-up: `initial_updates` extra updates after the first collection past learning_starts,
+    once, also for a schedule rebuilt mid-run (a resume): the test reads the count, not a flag."""
+    kwargs = dict(n_envs=4, gradient_steps=1, learning_starts=10, utd_ratio=utd_ratio)
+    plain, _ = run(UpdateSchedule(**kwargs), 24)
+    with_initial, _ = run(UpdateSchedule(**kwargs, initial_updates=7), 24)
+    # Totals 4, 8, 12, 16, 20, 24: the collection that reaches 12 is the first past learning_starts.
+    assert [b - a for a, b in zip(plain, with_initial)] == [0, 0, 7, 0, 0, 0]
+    assert UpdateSchedule(**kwargs, initial_updates=7).count_updates(24) == sum(plain) + 7
+    resumed = UpdateSchedule(**kwargs, initial_updates=7)
+    assert resumed.updates_after_collection(16) == plain[3]
+    with pytest.raises(ConfigError, match="initial_updates"):
+        UpdateSchedule(n_envs=1, initial_updates=-1)

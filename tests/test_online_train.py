@@ -218,3 +218,29 @@ def test_a_branch_starts_from_another_runs_checkpoint_under_a_changed_config(tmp
     empty = [*TINY, f"training.init_from={tmp_path / 'nothing'}", f"output_dir={tmp_path / 'b2'}"]
     assert train_main([*empty, "training.steps=40"]) == 2
     assert "is neither a run directory with a checkpoint" in capsys.readouterr().err
+
+
+def test_the_trainer_tells_the_policy_its_progress_before_every_step(tmp_path, monkeypatch):
+    """`set_progress` hears the transitions collected so far before each vector step (what TD-MPC's
+    warm-up schedules follow), and with a schedule the planner ends the run at its final values."""
+    from lerobot.policies.tdmpc.modeling import TDMPCPolicy
+
+    heard, planners = [], []
+    original = TDMPCPolicy.set_progress
+
+    def spy(self, transitions):
+        heard.append(transitions)
+        planners.append(self.planner)
+        original(self, transitions)
+
+    monkeypatch.setattr(TDMPCPolicy, "set_progress", spy)
+    overrides = [
+        *TINY,
+        "training.steps=20",
+        "eval.freq=0",
+        "policy.schedule_steps=12",
+        f"output_dir={tmp_path}",
+    ]
+    assert train_main(overrides) == 0
+    assert heard == list(range(0, 20, 2))  # 2 envs: 2 transitions per vector step
+    assert planners[-1].s.horizon == 3 and planners[-1].std_floor == pytest.approx(0.05)

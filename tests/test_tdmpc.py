@@ -629,3 +629,40 @@ def test_config_validation():
         tiny_config(prior_entropy_coeff=-1.0).validate()
     with pytest.raises(ConfigError, match="value_bins=1"):
         tiny_config(value_bins=1).validate()
+
+
+def test_warm_up_schedules_shorten_the_horizon_and_raise_the_std_floor():
+    """TD-MPC's schedules: horizon 1 -> full and std floor std_schedule_start -> min_std, linear over
+    `schedule_steps` transitions; without a schedule `set_progress` changes nothing."""
+    policy = make_policy(horizon=4, schedule_steps=100, std_schedule_start=0.5, min_std=0.05)
+    obs = observations(3)
+    expected = {0: (1, 0.5), 50: (2, 0.275), 75: (3, 0.1625), 100: (4, 0.05), 500: (4, 0.05)}
+    for transitions, (horizon, floor) in expected.items():
+        policy.set_progress(transitions)
+        assert policy.planner.s.horizon == horizon
+        assert policy.planner.std_floor == pytest.approx(floor)
+        chunk = policy.predict_action_chunk({k: v.unsqueeze(1) for k, v in obs.items()})
+        assert chunk.shape == (3, horizon, 2)
+    # The floor bounds the final sampling std, whose multiple of the (seeded) explore noise is added to the
+    # first action: at the floor's top (max_std) exploring moves actions far more than at min_std.
+    wide = make_policy(horizon=4, schedule_steps=100, std_schedule_start=2.0, max_std=2.0)
+    many = observations(64)
+    moved = {}
+    for transitions in (0, 100):
+        wide.set_progress(transitions)
+        chunks = []
+        for explore in (False, True):
+            wide.reset()
+            wide.set_noise_seed(3)
+            wide.explore = explore
+            chunks.append(wide.predict_action_chunk({k: v.unsqueeze(1) for k, v in many.items()})[:, 0])
+        wide.explore = False
+        moved[transitions] = (chunks[1] - chunks[0]).abs().mean()
+    assert moved[0] > 2 * moved[100]
+    unscheduled = make_policy(horizon=4)
+    unscheduled.set_progress(0)
+    assert unscheduled.planner.s.horizon == 4 and unscheduled.planner.std_floor == 0.05
+    with pytest.raises(ConfigError, match="n_action_steps=1"):
+        tiny_config(schedule_steps=10, n_action_steps=2).validate()
+    with pytest.raises(ConfigError, match="std_schedule_start"):
+        tiny_config(schedule_steps=10, std_schedule_start=5.0).validate()

@@ -20,6 +20,9 @@ class OnlinePolicy(Policy):
       `predict_action_chunk` adds exploration noise. Evaluation always runs with it off.
     - `update_target()`: called after every gradient update (e.g. an EMA step of a target network).
     - `set_noise_seed(seed)`: seeds the policy's own action noise, so data collection is reproducible.
+
+    It may also override `set_progress(transitions)`, which the trainer calls before every vector step it
+    collects, for settings that follow training (TD-MPC's warm-up schedules).
     """
 
     def __init__(
@@ -44,3 +47,6 @@ class OnlinePolicy(Policy):
     @abc.abstractmethod
     def set_noise_seed(self, seed: int | Sequence[int]) -> None:
         """Seed the action noise: an int gives env slot b `seed + b`; a sequence gives one seed per slot."""
+
+    def set_progress(self, transitions: int) -> None:
+        """Told the transitions collected so far (all envs), before each collection step; nothing by default."""

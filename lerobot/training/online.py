@@ -19,6 +19,8 @@ Counting (SB3 semantics, all counts in transitions over all envs unless said oth
   second collection; 2.0 with n_envs=4 gives 8 per collection).
 - `training.learning_starts`: random actions for every vector step taken while fewer transitions than this
   have been collected; updates begin after the first collection that ends with more than this many.
+- `training.initial_updates`: extra updates made at once after that first collection, on the random data
+  alone (TD-MPC makes as many as it took random steps).
 
 Autoreset: the train envs use `AutoresetMode.SAME_STEP`, so every vector step is a real transition for every env;
 the replay buffer stores `info["final_obs"]` as the next observation of an episode's last step.
@@ -65,6 +67,7 @@ class UpdateSchedule:
     gradient_steps: int = 1
     learning_starts: int = 0
     utd_ratio: float | None = None
+    initial_updates: int = 0
     _carry: float = 0.0
 
     def __post_init__(self) -> None:
@@ -78,6 +81,8 @@ class UpdateSchedule:
             raise ConfigError(f"training.utd_ratio={self.utd_ratio} must be >= 0")
         if self.learning_starts < 0:
             raise ConfigError(f"training.learning_starts={self.learning_starts} must be >= 0")
+        if self.initial_updates < 0:
+            raise ConfigError(f"training.initial_updates={self.initial_updates} must be >= 0")
 
     @classmethod
     def from_config(cls, training_cfg: Any) -> UpdateSchedule:
@@ -88,6 +93,7 @@ class UpdateSchedule:
             gradient_steps=training_cfg.gradient_steps,
             learning_starts=training_cfg.learning_starts,
             utd_ratio=training_cfg.utd_ratio,
+            initial_updates=training_cfg.initial_updates,
         )
 
     @property
@@ -104,12 +110,14 @@ class UpdateSchedule:
         if transitions_so_far <= self.learning_starts:
             return 0
         collected = self.transitions_per_collection
+        # The first collection past learning_starts: a stateless test, so a resumed run never repeats it.
+        first = self.initial_updates if transitions_so_far - collected <= self.learning_starts else 0
         if self.utd_ratio is not None:
             self._carry += self.utd_ratio * collected
             n = int(self._carry + 1e-9)
             self._carry -= n
-            return n
-        return self.gradient_steps if self.gradient_steps >= 0 else collected
+            return first + n
+        return first + (self.gradient_steps if self.gradient_steps >= 0 else collected)
 
     def count_updates(self, total_transitions: int, start: int = 0) -> int:
         """Updates a run from `start` to `total_transitions` transitions will make (without changing state)."""
@@ -241,6 +249,7 @@ class Collector:
         self.policy.explore = True
         try:
             for _ in range(self.schedule.train_freq):
+                self.policy.set_progress(transitions)
                 if self.schedule.random_actions(transitions):
                     action = self.envs.action_space.sample()
                 else:

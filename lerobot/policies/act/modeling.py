@@ -495,7 +495,9 @@ class ACTPolicy(Policy):
     # ------------------------------------------------------------------ inputs
     @property
     def _observation_keys(self) -> list[str]:
-        return [k for k in (*self.image_keys, self.state_key, self.env_state_key, self.task_key) if k is not None]
+        return [
+            k for k in (*self.image_keys, self.state_key, self.env_state_key, self.task_key) if k is not None
+        ]
 
     def _check_obs(self, batch: Mapping[str, Tensor]) -> None:
         for key in self._observation_keys:

@@ -106,6 +106,14 @@ class TDMPCConfig(PolicyConfig):
     momentum: float = 0.1
     min_std: float = 0.05
     max_std: float = 2.0
+    # TD-MPC's warm-up schedules, over the first `schedule_steps` transitions collected (0: none, the final
+    # values from the start): the floor of the planner's std falls linearly from `std_schedule_start` to
+    # `min_std` (more exploration while the model is poor) and the planning horizon rises linearly from 1
+    # to its full length, rounded down (short plans while the model's rollouts are unreliable). TD-MPC:
+    # 25,000 steps from 0.5. The noise of the policy trajectories stays `min_std`, as in TD-MPC. A
+    # checkpoint loaded for evaluation plans with the final values.
+    schedule_steps: int = 0
+    std_schedule_start: float = 0.5
     # Which action sequence a planning call returns. "elite" (TD-MPC): one final elite drawn by its score.
     # "mean" (beyond TD-MPC as published): the final MPPI mean, the sequence the next call warm-starts from;
     # it carries no sampling noise of its own, for tasks that end on a precise placement.
@@ -162,6 +170,18 @@ class TDMPCConfig(PolicyConfig):
         if not 0.0 < self.min_std <= self.max_std:
             raise ConfigError(
                 f"policy.min_std={self.min_std} and max_std={self.max_std}: need 0 < min <= max"
+            )
+        if self.schedule_steps < 0:
+            raise ConfigError(f"policy.schedule_steps={self.schedule_steps} must be >= 0 (0: no schedule)")
+        if self.schedule_steps > 0 and self.n_action_steps != 1:
+            raise ConfigError(
+                f"policy.schedule_steps={self.schedule_steps} plans 1 step ahead at first: it needs "
+                f"policy.n_action_steps=1, got {self.n_action_steps}"
+            )
+        if self.schedule_steps > 0 and not self.min_std <= self.std_schedule_start <= self.max_std:
+            raise ConfigError(
+                f"policy.std_schedule_start={self.std_schedule_start} must lie in [min_std={self.min_std}, "
+                f"max_std={self.max_std}]"
             )
         if self.plan_pessimism < 0:
             raise ConfigError(f"policy.plan_pessimism={self.plan_pessimism} must be >= 0")

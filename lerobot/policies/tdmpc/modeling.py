@@ -99,6 +99,17 @@ class TDMPCPolicy(OnlinePolicy):
         """Seed planner noise: an int gives env slot b `seed + b`; a sequence gives one seed per env slot."""
         self.planner.set_seed(seed)
 
+    def set_progress(self, transitions: int) -> None:
+        """TD-MPC's warm-up schedules (`schedule_steps`) at `transitions` collected: the planner's horizon
+        and std floor, linear from (1, `std_schedule_start`) to (the planning horizon, `min_std`)."""
+        cfg = self.config
+        if cfg.schedule_steps <= 0:
+            return
+        frac = min(transitions / cfg.schedule_steps, 1.0)
+        horizon = int((1 - frac) * 1 + frac * cfg.planning_horizon)
+        std_floor = (1 - frac) * cfg.std_schedule_start + frac * cfg.min_std
+        self.planner.set_schedule(horizon, std_floor)
+
     @property
     def replay_horizon(self) -> int:
         """Length H of the replayed sub-trajectories the losses are computed on."""

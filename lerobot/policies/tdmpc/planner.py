@@ -18,6 +18,9 @@ the noise is the only per-env loop (B small `randn` calls per planning call).
 Warm start: each slot keeps its last mean action sequence; the next call starts from it shifted by one
 step (as TD-MPC). `reset(env_ids)` forgets it for envs that start a new episode.
 
+Schedules: `set_schedule(horizon, std_floor)` shortens the horizon and raises the floor of the sampling std
+(TD-MPC's warm-up, driven by `TDMPCPolicy.set_progress`); a changed horizon forgets every previous plan.
+
 Speed (CPU): on one thread the value rollout of the B x N candidate sequences runs in blocks of about
 `ROWS_PER_BLOCK` rows, so that each block's activations (rows x mlp_dim floats, n_q times that in the Q
 ensemble) stay in cache instead of streaming tens of MB through memory; on several threads it runs as one
@@ -35,7 +38,7 @@ times slower `expm1`: `networks.elu_`); see docs/tdmpc.md.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from einops import einsum, rearrange
@@ -78,12 +81,27 @@ class MPPIPlanner:
 
     def __init__(self, settings: PlannerSettings, action_dim: int, seed: int = 0):
         self.s = settings
+        self.full_horizon = settings.horizon
         self.action_dim = action_dim
         self._base_seed = seed
         self._explicit_seeds: list[int] | None = None
         self._generators: list[torch.Generator] = []
         self._prev_mean: Tensor | None = None  # (B, H, A) last mean plan per env slot
         self._has_prev: Tensor | None = None  # (B,) bool
+        self.std_floor = settings.min_std  # the sampling std's floor (above min_std during a schedule)
+
+    def set_schedule(self, horizon: int, std_floor: float) -> None:
+        """Plan `horizon` steps ahead (at most the configured horizon) with the sampling std floored at
+        `std_floor`; a new horizon forgets the previous plans (their length no longer fits)."""
+        if not 1 <= horizon <= self.full_horizon:
+            raise ValueError(f"planning horizon {horizon} outside [1, {self.full_horizon}]")
+        if horizon != self.s.horizon:
+            self.s = replace(self.s, horizon=horizon)
+            if self._prev_mean is not None:
+                batch_size, _, a_dim = self._prev_mean.shape
+                self._prev_mean = self._prev_mean.new_zeros(batch_size, horizon, a_dim)
+                self._has_prev.zero_()
+        self.std_floor = std_floor
 
     # ----------------------------------------------------------------- per-env state
     def set_seed(self, seed: int | Sequence[int]) -> None:
@@ -223,7 +241,7 @@ class MPPIPlanner:
             score = torch.softmax(s.temperature * elite_value, dim=1)  # (B, K)
             new_mean = einsum(score, elite_actions, "b k, b k h a -> b h a")
             var = einsum(score, (elite_actions - new_mean.unsqueeze(1)) ** 2, "b k, b k h a -> b h a")
-            std = var.sqrt().clamp(s.min_std, s.max_std)
+            std = var.sqrt().clamp(self.std_floor, s.max_std)
             mean = s.momentum * mean + (1 - s.momentum) * new_mean
 
         if s.plan_action == "mean":
