@@ -8,13 +8,15 @@
 
 Results go to `benchmarks/results/online.json` (sections `timing`, `pendulum` and `dmc_timing`) and `online.png`.
 
-`dmc-timing` trains TD-MPC with configs/experiment/tdmpc_dmc.yaml on one DMC task for `--steps` agent steps
-after `--learning-starts` random ones (a small seed phase, for the timing only), splits the time of an agent
-step into planning, the env step, the rest of the collection (observation conversion, replay buffer) and
-the update (the run's `collect_s` and `update_s`, over the log windows after `--warmup-windows`; planning
-and env steps timed call by call inside the run), and extrapolates the recipe's 100,000 agent steps: 5,000
-random steps, 95,000 steps with an update each, and 10 evaluations of 10 episodes (500 planning calls at
-batch 10 each, that call timed alone).
+`dmc-timing` trains TD-MPC with configs/experiment/tdmpc_dmc.yaml (or `--recipe tdmpc_dmc_cpu`) on one DMC task
+for `--steps` agent steps after `--learning-starts` random ones (a small seed phase, for the timing only),
+splits the time of an agent step into planning, the env step, the rest of the collection (observation
+conversion, replay buffer) and the update (the run's `collect_s` and `update_s`, over the log windows after
+`--warmup-windows`; planning and env steps timed call by call inside the run; the warm-up schedule and the burst
+of updates are off, so every step is a steady-state one), and extrapolates the recipe's 100,000 agent steps:
+5,000 random steps, 5,000 updates at once, 95,000 steps with an update each (at the full planning horizon: the
+schedule's first 25,000 steps plan less far, so this slightly overstates), and 10 evaluations of 10 episodes
+(500 planning calls at batch 10 each, that call timed alone).
 
 `compare` trains one run per (n_envs, gradient_steps) on the same budget of env transitions and evaluates each
 run every `--eval-freq` transitions on the same `--eval-episodes` seeded episodes. It uses the CPU-sized
@@ -281,9 +283,11 @@ def plot(args: argparse.Namespace) -> None:
     print(f"wrote {PLOT_FILE}")
 
 
-# The recipe being extrapolated (configs/experiment/tdmpc_dmc.yaml): agent steps, random ones, evaluations.
-DMC_RECIPE = "+experiment=tdmpc_dmc"
-DMC_STEPS, DMC_SEED_STEPS, DMC_EVALS, DMC_EVAL_EPISODES, DMC_EPISODE_STEPS = 100_000, 5000, 10, 10, 500
+# The recipes being extrapolated (configs/experiment/tdmpc_dmc.yaml and its CPU-sized tdmpc_dmc_cpu.yaml):
+# agent steps, random ones, updates at once when learning starts, evaluations.
+DMC_RECIPES = ("tdmpc_dmc", "tdmpc_dmc_cpu")
+DMC_STEPS, DMC_SEED_STEPS, DMC_INITIAL_UPDATES = 100_000, 5000, 5000
+DMC_EVALS, DMC_EVAL_EPISODES, DMC_EPISODE_STEPS = 10, 10, 500
 
 
 def _timed(cls: type, name: str, durations: list[float]) -> None:
@@ -313,8 +317,13 @@ def dmc_timing(args: argparse.Namespace) -> dict:
     run_dir = Path(args.work_dir) / f"dmc_timing_{args.env}"
     shutil.rmtree(run_dir, ignore_errors=True)
     overrides = [
-        DMC_RECIPE,
+        f"+experiment={args.recipe}",
         f"env={args.env}",
+        # Steady state only: no burst of updates at the start (extrapolated below) and the full planning
+        # horizon from the first step (the warm-up schedule's shorter plans would make planning look cheaper).
+        "training.initial_updates=0",
+        "policy.schedule_steps=0",
+        *args.set,
         f"training.steps={args.learning_starts + args.steps}",
         f"training.learning_starts={args.learning_starts}",
         f"training.log_freq={args.log_freq}",
@@ -362,7 +371,8 @@ def dmc_timing(args: argparse.Namespace) -> dict:
     learning_steps = DMC_STEPS - DMC_SEED_STEPS
     eval_s = DMC_EVALS * DMC_EPISODE_STEPS * (plan_eval_s + DMC_EVAL_EPISODES * env_step)
     seed_s = DMC_SEED_STEPS * (random_step_s if random_step_s is not None else env_step)
-    total_s = seed_s + learning_steps * step_s + eval_s
+    initial_s = DMC_INITIAL_UPDATES * update_s
+    total_s = seed_s + initial_s + learning_steps * step_s + eval_s
     result = {
         "machine": machine,
         "threads": args.threads,
@@ -386,6 +396,7 @@ def dmc_timing(args: argparse.Namespace) -> dict:
         "eval_plan_batch10_s": plan_eval_s,
         "extrapolated_100k_h": {
             "seed_steps": seed_s / 3600,
+            "initial_updates": initial_s / 3600,
             "learning_steps": learning_steps * step_s / 3600,
             "evaluations": eval_s / 3600,
             "total": total_s / 3600,
@@ -394,7 +405,7 @@ def dmc_timing(args: argparse.Namespace) -> dict:
     }
     results = json.loads(RESULTS_FILE.read_text()) if RESULTS_FILE.exists() else {}
     section = results.get("dmc_timing", {})
-    section[args.env] = result
+    section[":".join([args.recipe, args.env, *args.set])] = result
     _save_section("dmc_timing", section)
     print(json.dumps(result, indent=1))
     return result
@@ -429,6 +440,8 @@ def main() -> None:
     sub.add_parser("plot")
     d = sub.add_parser("dmc-timing")
     d.add_argument("--env", default="dmc_cartpole_swingup")
+    d.add_argument("--recipe", choices=DMC_RECIPES, default="tdmpc_dmc")
+    d.add_argument("--set", nargs="*", default=[], help="more overrides, e.g. training.use_amp=true")
     d.add_argument("--steps", type=int, default=2000, help="agent steps timed after learning starts")
     d.add_argument("--learning-starts", type=int, default=500)
     d.add_argument("--log-freq", type=int, default=250)

@@ -9,6 +9,7 @@ import sys
 
 import numpy as np
 import pytest
+from omegaconf import OmegaConf
 
 pytest.importorskip("dm_control", reason="dm_control is not installed: pip install 'lerobot[mujoco]'")
 
@@ -273,3 +274,23 @@ def test_tiny_tdmpc_run_through_the_training_command(tmp_path):
     # Two 20-step episodes finished by step 40; DMC pays rewards in [0, 1] per control step.
     assert train[-1]["episode_length"] == 20 and 0 <= train[-1]["episode_return"] <= 40
     assert evaluation["step"] == 48 and 0 <= evaluation["avg_sum_reward"] <= 40
+
+
+@pytest.mark.parametrize(
+    "cpu,paper,task",
+    [
+        ("tdmpc_dmc_cpu", "tdmpc_dmc", "env=dmc_walker_walk"),
+        ("tdmpc_metaworld_cpu", "tdmpc_metaworld", "env.task=hammer-v3"),
+    ],
+)
+def test_cpu_recipes_change_the_sizes_and_nothing_else(cpu, paper, task):
+    """The CPU-sized recipes keep the paper recipe's protocol and training settings (what makes their figures
+    comparable with the published ones); only the model, the planner and the batch shrink."""
+    sizes = {"latent_dim", "enc_dim", "mlp_dim", "num_samples", "num_elites", "num_pi_trajs", "iterations"}
+    small = OmegaConf.to_container(compose_config([f"+experiment={cpu}", task]))
+    full = OmegaConf.to_container(compose_config([f"+experiment={paper}", task]))
+    assert {k for k in full["policy"] if small["policy"][k] != full["policy"][k]} == sizes
+    assert {k for k in full["training"] if small["training"][k] != full["training"][k]} == {"batch_size"}
+    for section in ("env", "eval"):
+        assert small[section] == full[section]
+    assert small["policy"]["schedule_steps"] == 25000 and small["training"]["initial_updates"] == 5000
