@@ -5,8 +5,9 @@
     python benchmarks/bench_online.py final             # last checkpoint of each run on 20 episodes
     python benchmarks/bench_online.py plot              # redraw the PNG from the saved JSON
     python benchmarks/bench_online.py dmc-timing        # DMC, the paper's settings: seconds per agent step
+    python benchmarks/bench_online.py precision         # DMC recipes: planning and update in bf16 vs float32
 
-Results go to `benchmarks/results/online.json` (sections `timing`, `pendulum` and `dmc_timing`) and `online.png`.
+Results go to `benchmarks/results/online.json` (sections `timing`, `pendulum`, `dmc_timing` and `precision`) and `online.png`.
 
 `dmc-timing` trains TD-MPC with configs/experiment/tdmpc_dmc.yaml (or `--recipe tdmpc_dmc_cpu`) on one DMC task
 for `--steps` agent steps after `--learning-starts` random ones (a small seed phase, for the timing only),
@@ -131,6 +132,50 @@ def timing(args: argparse.Namespace) -> dict:
         out["settings"][name] = res
         print(name, json.dumps(res, indent=1))
     _save_section("timing", out)
+    return out
+
+
+def precision(args: argparse.Namespace) -> dict:
+    """bf16 against float32 for the two costs of a TD-MPC agent step (DMC recipes, cartpole-swingup's
+    sizes): a planning call for one env with and without bf16 autocast, and one update with
+    `training.use_amp` false and true (the same `TrainStep` the trainer runs, then the EMA step)."""
+    torch.set_num_threads(args.threads)
+    out: dict = {"machine": common.machine_info(), "threads": args.threads, "recipes": {}}
+    for recipe in DMC_RECIPES:
+        cfg = compose_config([f"+experiment={recipe}", "env=dmc_cartpole_swingup"])
+        policy_cfg = make_policy_config(cfg.policy, env_config(cfg))
+        torch.manual_seed(0)
+        policy = make_policy(policy_cfg).eval()
+        obs = {"observation.state": torch.randn(1, 5)}
+        res: dict = {"load_before": _load()}
+        for name, autocast in (("plan_fp32", False), ("plan_bf16_autocast", True)):
+
+            def plan(autocast=autocast, policy=policy, obs=obs):
+                policy.reset()
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                    policy.select_action(obs)
+
+            res[name] = _time(plan, args.repeats)
+        b, h = cfg.training.batch_size, policy.replay_horizon
+        batch = {
+            "observation.state": torch.randn(b, h + 1, 5),
+            "action": torch.rand(b, h, 1) * 2 - 1,
+            "next.reward": torch.rand(b, h),
+            "next.terminated": torch.zeros(b, h, dtype=torch.bool),
+        }
+        for amp in ("false", "true"):
+            cfg.training.use_amp = amp
+            step = TrainStep(policy, policy_cfg, cfg.training, total_updates=args.repeats + 2)
+
+            def update(step=step, batch=batch, policy=policy):
+                step(batch, where="benchmark update")
+                policy.update_target()
+
+            res[f"update_amp_{amp}"] = _time(update, args.repeats)
+        res["load_after"] = _load()
+        out["recipes"][recipe] = res
+        print(recipe, json.dumps(res, indent=1))
+    _save_section("precision", out)
     return out
 
 
@@ -416,6 +461,9 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = parser.add_subparsers(dest="cmd", required=True)
+    pr = sub.add_parser("precision")
+    pr.add_argument("--repeats", type=int, default=10)
+    pr.add_argument("--threads", type=int, default=1)
     t = sub.add_parser("timing")
     t.add_argument("--repeats", type=int, default=10)
     t.add_argument("--threads", type=int, default=1)
@@ -453,6 +501,7 @@ def main() -> None:
     args = parser.parse_args()
     commands = {
         "timing": timing,
+        "precision": precision,
         "compare": compare,
         "final": final_eval,
         "plot": plot,
