@@ -120,33 +120,50 @@ def report(args: argparse.Namespace) -> None:
         "recipes": {f"{k[0]}": v for k, v in RECIPES.items() if k[1] == args.size},
     }
     runs: dict = {}
-    fig, axes = plt.subplots(1, len(RUNS), figsize=(3.0 * len(RUNS), 3.0), squeeze=False)
-    for ax, (name, (suite, _, points, metric)) in zip(axes[0], RUNS.items()):
-        published = points[-1][1]
-        for seed in args.seeds:
-            evals = _evals(_run_dir(args, name, seed))
-            if not evals:
-                continue
-            curve = [{"step": r["step"], "train_hours": r["train_hours"], metric: r[metric]} for r in evals]
-            runs[f"{name}_s{seed}"] = {
-                "suite": suite,
-                "metric": metric,
-                "published": published,
-                "curve": curve,
-            }
+    # One row per suite: DMC returns (0-1000) above, MetaWorld success (%) below.
+    suites = {suite: [n for n, r in RUNS.items() if r[0] == suite] for suite in ("dmc", "metaworld")}
+    n_cols = max(len(names) for names in suites.values())
+    fig, axes = plt.subplots(2, n_cols, figsize=(3.2 * n_cols, 5.6), squeeze=False)
+    for row, (suite, names) in enumerate(suites.items()):
+        for col in range(len(names), n_cols):
+            axes[row][col].axis("off")
+        for ax, name in zip(axes[row], names):
+            _, _, points, metric = RUNS[name]
+            published = points[-1][1]
+            for seed in args.seeds:
+                evals = _evals(_run_dir(args, name, seed))
+                if not evals:
+                    continue
+                curve = [
+                    {"step": r["step"], "train_hours": r["train_hours"], metric: r[metric]} for r in evals
+                ]
+                runs[f"{name}_s{seed}"] = {
+                    "suite": suite,
+                    "metric": metric,
+                    "published": published,
+                    "curve": curve,
+                }
+                ax.plot(
+                    [c["step"] / 1000 for c in curve],
+                    [c[metric] for c in curve],
+                    marker="o",
+                    markersize=3,
+                    label=f"seed {seed}",
+                )
             ax.plot(
-                [c["step"] for c in curve],
-                [c[metric] for c in curve],
-                marker="o",
-                markersize=3,
-                label=f"seed {seed}",
+                [p[0] / 1000 for p in points],
+                [p[1] for p in points],
+                "k--",
+                marker="x",
+                linewidth=1,
+                label="published (CSV points)",
             )
-        ax.plot(*zip(*points), "k--", marker="x", linewidth=1, label="published (CSV points)")
-        ax.set_title(name, fontsize=9)
-        ax.set_xlim(0, STEPS)
-        ax.set_xlabel("agent steps", fontsize=8)
-        ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("eval return (DMC) / success % (MetaWorld)", fontsize=8)
+            ax.set_title(name, fontsize=9)
+            ax.set_xlim(0, STEPS / 1000)
+            ax.set_ylim(0, 1000 if suite == "dmc" else 100)
+            ax.set_xlabel("agent steps (thousands)", fontsize=8)
+            ax.grid(alpha=0.3)
+        axes[row][0].set_ylabel("eval return" if suite == "dmc" else "eval success (%)", fontsize=8)
     axes[0][0].legend(fontsize=7)
     fig.suptitle(f"TD-MPC ({args.size}-sized recipes), 10 evaluation episodes per point", fontsize=10)
     fig.tight_layout()
