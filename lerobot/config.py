@@ -171,6 +171,11 @@ class TrainingConfig:
     # Updates made at once, on the random data alone, when learning starts (TD-MPC: as many as learning_starts).
     initial_updates: int = 0
     buffer_capacity: int = 1_000_000
+    # Prioritised replay (TD-MPC: alpha 0.6, beta 0.4): a start is drawn with probability proportional to its
+    # priority (the policy's TD error) to the power per_alpha, and weighted by (N * P)^-per_beta in the loss.
+    # 0: uniform replay (as TD-MPC2 does).
+    per_alpha: float = 0.0
+    per_beta: float = 0.4
     # Share of each batch drawn from the offline dataset (0: online experience only).
     offline_ratio: float = 0.0
     # Store the replay buffer with each checkpoint, so that a resumed run continues it exactly.

@@ -22,6 +22,12 @@ INDEX = "index"
 TIMESTAMP = "timestamp"
 # (B,) bool in an online training batch: the sample was drawn from the demonstrations (`sample_mixed`).
 FROM_DEMONSTRATIONS = "from_demonstrations"
+# Prioritised replay (`ReplayBuffer` with alpha > 0): in the batch, each sample's importance weight (B,) and
+# where it was drawn from, (row, env) (B, 2), -1 for demonstrations; in a policy's training output, each
+# sample's new priority (B,), which the trainer writes back to the buffer.
+SAMPLE_WEIGHT = "sample_weight"
+REPLAY_INDEX = "replay_index"
+SAMPLE_PRIORITY = "sample_priority"
 
 # A training batch's per-sample random draws, when the trainer made them (`Policy.draw_training_noise`):
 # keys starting with this prefix, e.g. Diffusion's "noise.action" (B, horizon, A).

@@ -244,3 +244,20 @@ def test_the_trainer_tells_the_policy_its_progress_before_every_step(tmp_path, m
     assert train_main(overrides) == 0
     assert heard == list(range(0, 20, 2))  # 2 envs: 2 transitions per vector step
     assert planners[-1].s.horizon == 3 and planners[-1].std_floor == pytest.approx(0.05)
+
+
+def test_prioritized_replay_writes_the_policys_priorities_back(tmp_path, capsys):
+    """`training.per_alpha > 0`: every update's TD errors become the priorities of the starts it drew, saved
+    with the buffer; a bad exponent is one line."""
+    run = tmp_path / "per"
+    argv = [*TINY, "training.per_alpha=0.6", "training.save_buffer=true", "eval.freq=0", f"output_dir={run}"]
+    assert train_main([*argv, "training.steps=20"]) == 0
+    buffer = load_training_state(latest_checkpoint(run))["replay_buffer"]
+    priority = buffer["data"]["priority"]
+    written = priority != 1.0  # new rows take the largest priority so far: 1 before the first write-back
+    assert written.any() and torch.all(priority > 0)
+    assert buffer["max_priority"] >= float(priority.max()) > 1.0  # the largest ever written
+    assert train_main([*argv, "training.steps=40"]) == 0  # resumes, priorities and all
+
+    assert train_main([*TINY, "training.per_beta=1.5", f"output_dir={tmp_path / 'bad'}"]) == 2
+    assert "training.per_beta=1.5" in capsys.readouterr().err

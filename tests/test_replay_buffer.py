@@ -16,6 +16,8 @@ from lerobot.constants import (
     NEXT_TERMINATED,
     NEXT_TRUNCATED,
     OBS_STATE,
+    REPLAY_INDEX,
+    SAMPLE_WEIGHT,
 )
 from lerobot.training.replay_buffer import (
     ReplayBuffer,
@@ -59,11 +61,13 @@ def to_batch(obs: np.ndarray) -> dict[str, torch.Tensor]:
     return {OBS_STATE: torch.as_tensor(obs, dtype=torch.float32)}
 
 
-def collect(scripts: list[list[tuple[int, str]]], n_steps: int, mode: AutoresetMode, capacity: int = 10_000):
-    """Step a vector env of scripted envs and record it; return the buffer and the raw step log."""
+def collect(
+    scripts: list[list[tuple[int, str]]], n_steps: int, mode: AutoresetMode, capacity: int = 10_000, **kw
+):
+    """Step a vector env of scripted envs and record it in a buffer (`kw`: its other arguments); return it."""
     fns = [lambda i=i, s=s: ScriptedEpisodesEnv(i, s) for i, s in enumerate(scripts)]
     env = SyncVectorEnv(fns, autoreset_mode=mode)
-    buffer = ReplayBuffer(capacity, n_envs=len(scripts))
+    buffer = ReplayBuffer(capacity, n_envs=len(scripts), **kw)
     obs, _ = env.reset()
     for step in range(n_steps):
         action = np.full((len(scripts), 1), step / 100, dtype=np.float32)
@@ -248,3 +252,79 @@ def test_state_dict_round_trip_and_mixing():
     # The demonstration rows are marked, and only they.
     torch.testing.assert_close(mixed[FROM_DEMONSTRATIONS], mixed[OBS_STATE][:, 0, 0] == -1)
     assert not sample_mixed(buffer, None, 8, 2, offline_ratio=0.5)[FROM_DEMONSTRATIONS].any()
+
+
+def test_prioritized_replay_draws_by_priority_and_weights_undo_the_bias():
+    """alpha > 0: a valid start is drawn with probability p**alpha / sum; each sample carries (N P)**-beta
+    over the batch's largest, and where it came from, which `update_priorities` writes to."""
+    alpha, beta, horizon = 0.6, 0.4, 2
+    buffer = collect(SCRIPTS_2, 9, AutoresetMode.SAME_STEP, alpha=alpha, beta=beta)
+    n_rows = buffer.filled_rows
+    rows = torch.arange(n_rows).unsqueeze(1).expand(n_rows, 2)
+    envs = torch.arange(2).expand(n_rows, 2)
+    valid = buffer._valid_starts(rows, envs, horizon)
+    assert torch.all(buffer.data["priority"][:n_rows] == 1.0)  # new rows: the largest priority so far (1)
+
+    # Priorities 1 .. N over the valid starts, written back as the trainer does.
+    index = torch.stack([rows[valid], envs[valid]], dim=1)
+    priority = torch.arange(1.0, index.shape[0] + 1)
+    buffer.update_priorities(index, priority)
+    expected = priority**alpha / (priority**alpha).sum()
+
+    batch = buffer.sample(40_000, horizon)
+    drawn = batch[REPLAY_INDEX]
+    # Each sample is the sub-trajectory at its index, inside one episode.
+    torch.testing.assert_close(batch[OBS_STATE][:, 0], buffer.obs[OBS_STATE][drawn[:, 0], drawn[:, 1]])
+    assert torch.all(batch[OBS_STATE][:, 1, 2] == batch[OBS_STATE][:, 0, 2] + 1)
+    slot = {tuple(i): k for k, i in enumerate(index.tolist())}
+    k = torch.tensor([slot[tuple(i)] for i in drawn.tolist()])  # raises if an invalid start was drawn
+    freq = torch.bincount(k, minlength=index.shape[0]) / k.numel()
+    torch.testing.assert_close(freq, expected, atol=0.006, rtol=0)
+    importance = (index.shape[0] * expected[k]) ** -beta
+    torch.testing.assert_close(batch[SAMPLE_WEIGHT], importance / importance.max())
+
+    # A row written after a priority of N gets N; -1 rows are skipped; non-finite priorities are refused.
+    assert buffer.max_priority == pytest.approx(index.shape[0] + 1e-6)
+    buffer.add(
+        {OBS_STATE: torch.zeros(2, 3)},
+        torch.zeros(2, 1),
+        torch.zeros(2),
+        {OBS_STATE: torch.zeros(2, 3)},
+        torch.zeros(2),
+        torch.zeros(2),
+    )
+    assert torch.all(buffer.data["priority"][buffer.pos - 1] == buffer.max_priority)
+    before = buffer.data["priority"].clone()
+    buffer.update_priorities(torch.full((3, 2), -1), torch.ones(3))
+    assert torch.equal(buffer.data["priority"], before)
+    with pytest.raises(ValueError, match="non-finite"):
+        buffer.update_priorities(index[:1], torch.tensor([float("nan")]))
+
+
+def test_prioritized_state_round_trip_old_buffers_and_mixed_batches():
+    buffer = collect(SCRIPTS_2, 9, AutoresetMode.SAME_STEP, alpha=0.6)
+    buffer.update_priorities(torch.tensor([[0, 0], [1, 1]]), torch.tensor([5.0, 9.0]))
+    copy = ReplayBuffer(10_000, n_envs=2, alpha=0.6)
+    copy.load_state_dict(buffer.state_dict())
+    assert copy.max_priority == buffer.max_priority
+    torch.testing.assert_close(copy.data["priority"], buffer.data["priority"])
+    torch.testing.assert_close(copy.sample(64, 2)[REPLAY_INDEX], buffer.sample(64, 2)[REPLAY_INDEX])
+
+    # A buffer saved before priorities existed: every start equally likely, max priority 1.
+    old = buffer.state_dict()
+    del old["data"]["priority"], old["max_priority"]
+    copy.load_state_dict(old)
+    assert copy.max_priority == 1.0 and torch.all(copy.data["priority"] == 1.0)
+
+    # Uniform replay adds neither key; with priorities, demonstration rows weigh 1 and point nowhere.
+    assert SAMPLE_WEIGHT not in collect(SCRIPTS_2, 9, AutoresetMode.SAME_STEP).sample(8, 2)
+    offline = ReplayBuffer(100, n_envs=1)
+    offline.extend_episodes(
+        {OBS_STATE: -np.ones((50, 3), np.float32)}, np.zeros((50, 1)), np.zeros(50), np.zeros(50)
+    )
+    mixed = sample_mixed(buffer, offline, 40, 2, offline_ratio=0.25)
+    demo = mixed[FROM_DEMONSTRATIONS]
+    assert torch.all(mixed[SAMPLE_WEIGHT][demo] == 1) and torch.all(mixed[REPLAY_INDEX][demo] == -1)
+    assert torch.all(mixed[REPLAY_INDEX][~demo] >= 0)
+    with pytest.raises(ValueError, match="alpha >= 0 and beta in"):
+        ReplayBuffer(10, alpha=0.6, beta=2.0)

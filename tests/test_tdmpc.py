@@ -8,7 +8,15 @@ import torch.nn.functional as F
 from einops import einsum
 
 from lerobot.config import FeatureConfig
-from lerobot.constants import ACTION, FROM_DEMONSTRATIONS, NEXT_REWARD, OBS_ENV_STATE, OBS_STATE
+from lerobot.constants import (
+    ACTION,
+    FROM_DEMONSTRATIONS,
+    NEXT_REWARD,
+    OBS_ENV_STATE,
+    OBS_STATE,
+    SAMPLE_PRIORITY,
+    SAMPLE_WEIGHT,
+)
 from lerobot.errors import ConfigError
 from lerobot.policies.online_policy import OnlinePolicy
 from lerobot.policies.tdmpc import TDMPCConfig, TDMPCPolicy, networks
@@ -395,6 +403,33 @@ def test_losses_match_closed_form_at_init(absorbing, exponent):
     scale = max(float(policy.q_scale), 1.0)
     w_pi = 0.5 ** torch.arange(4.0)
     torch.testing.assert_close(out["policy_loss"], -(w_pi * c / scale).sum() / 4)
+
+
+def test_sample_weights_weigh_the_model_terms_and_priorities_are_td_errors():
+    """Prioritised replay: `sample_weight` turns the consistency, reward and value terms into weighted batch
+    means (the policy term stays plain) and the output's `sample_priority` is TD-MPC's, sum over t of rho**t
+    times sum over the ensemble of |Q - td_target|: in closed form with Q == c, as above."""
+    torch.manual_seed(0)
+    policy = TDMPCPolicy(tiny_config(discount=0.9, rho=0.5)).eval()  # eval: the Q scale stays put
+    c = 2.0
+    with torch.no_grad():
+        for model in (policy.model, policy.model_target):
+            model.q_ensemble.biases[-1].fill_(c)
+    batch = training_batch()
+    weight = torch.rand(batch[NEXT_REWARD].shape[0], generator=torch.Generator().manual_seed(3))
+    plain, weighted = policy(batch), policy({**batch, SAMPLE_WEIGHT: weight})
+    assert SAMPLE_PRIORITY not in plain
+    r = batch[NEXT_REWARD]
+    w = 0.5 ** torch.arange(3.0)
+    td = r + 0.9 * c
+    torch.testing.assert_close(weighted[SAMPLE_PRIORITY], (w * 3 * (c - td).abs()).sum(dim=1))
+    torch.testing.assert_close(weighted["value_loss"], (weight * (w * 3 * (c - td) ** 2).sum(1) / 3).mean())
+    torch.testing.assert_close(weighted["reward_loss"], (weight * (w * r**2).sum(1) / 3).mean())
+    torch.testing.assert_close(weighted["policy_loss"], plain["policy_loss"])
+    # Weights of one give the plain losses.
+    ones = policy({**batch, SAMPLE_WEIGHT: torch.ones_like(weight)})
+    for key in ("loss", "consistency_loss", "reward_loss", "value_loss"):
+        torch.testing.assert_close(ones[key], plain[key])
 
 
 def test_reward_exponent_needs_rewards_in_the_unit_interval():

@@ -22,8 +22,12 @@ class OnlinePolicy(Policy):
     - `set_noise_seed(seed)`: seeds the policy's own action noise, so data collection is reproducible.
 
     It may also override `set_progress(transitions)`, which the trainer calls before every vector step it
-    collects, for settings that follow training (TD-MPC's warm-up schedules).
+    collects, for settings that follow training (TD-MPC's warm-up schedules), and set `reports_priorities`
+    when its `forward` weighs its losses by the batch's `sample_weight` (B,) and returns `sample_priority`
+    (B,), which prioritised replay (`training.per_alpha > 0`) needs.
     """
+
+    reports_priorities: bool = False
 
     def __init__(
         self, *, n_obs_steps: int, n_action_steps: int, temporal_ensemble_coeff: float | None = None

@@ -21,6 +21,8 @@ Counting (SB3 semantics, all counts in transitions over all envs unless said oth
   have been collected; updates begin after the first collection that ends with more than this many.
 - `training.initial_updates`: extra updates made at once after that first collection, on the random data
   alone (TD-MPC makes as many as it took random steps).
+- `training.per_alpha` / `per_beta`: prioritised replay (0: uniform); after each update the policy's
+  per-sample priorities are written back to the buffer.
 
 Autoreset: the train envs use `AutoresetMode.SAME_STEP`, so every vector step is a real transition for every env;
 the replay buffer stores `info["final_obs"]` as the next observation of an episode's last step.
@@ -43,7 +45,7 @@ from omegaconf import DictConfig
 from lerobot import distributed
 from lerobot.checkpoints.run import save_checkpoint
 from lerobot.config import EnvConfig, PolicyConfig, env_config
-from lerobot.constants import ACTION, EPISODE_INDEX, NEXT_REWARD
+from lerobot.constants import ACTION, EPISODE_INDEX, NEXT_REWARD, REPLAY_INDEX, SAMPLE_PRIORITY
 from lerobot.envs import make_env, observation_to_batch
 from lerobot.errors import ConfigError
 from lerobot.policies.online_policy import OnlinePolicy
@@ -349,13 +351,26 @@ def train_online(cfg: DictConfig, policy_cfg: PolicyConfig, progress: bool = Tru
         batch_size = tcfg.batch_size or policy_cfg.batch_size
         if not 0.0 <= tcfg.offline_ratio <= 1.0:
             raise ConfigError(f"training.offline_ratio={tcfg.offline_ratio} must be in [0, 1]")
+        if tcfg.per_alpha < 0:
+            raise ConfigError(f"training.per_alpha={tcfg.per_alpha} must be >= 0 (0: uniform replay)")
+        if not 0.0 <= tcfg.per_beta <= 1.0:
+            raise ConfigError(
+                f"training.per_beta={tcfg.per_beta} must be in [0, 1] (1: full bias correction)"
+            )
         device = distributed.resolve_device(cfg.device)
         distributed.set_seed(cfg.seed)
         policy = make_online_policy(policy_cfg, device)
         horizon = policy.replay_horizon
         schedule = UpdateSchedule.from_config(tcfg)
         update = TrainStep(policy, policy_cfg, tcfg, total_updates=schedule.count_updates(tcfg.steps))
-        buffer = ReplayBuffer(tcfg.buffer_capacity, tcfg.n_envs, seed=cfg.seed)
+        if tcfg.per_alpha > 0 and not policy.reports_priorities:
+            raise ConfigError(
+                f"training.per_alpha={tcfg.per_alpha} asks for prioritised replay, which needs per-sample "
+                f"priorities that {type(policy).__name__} does not report; set training.per_alpha=0"
+            )
+        buffer = ReplayBuffer(
+            tcfg.buffer_capacity, tcfg.n_envs, seed=cfg.seed, alpha=tcfg.per_alpha, beta=tcfg.per_beta
+        )
         demos, data = None, None
         if tcfg.offline_ratio > 0:  # batches mix in demonstrations: a resume must read the checkpoint's
             from lerobot.datasets import dataset_fingerprint
@@ -392,7 +407,9 @@ def train_online(cfg: DictConfig, policy_cfg: PolicyConfig, progress: bool = Tru
                 for _ in range(n_updates):
                     batch = sample_mixed(buffer, demos, batch_size, horizon, tcfg.offline_ratio)
                     where = f"update {counts.updates + 1} ({counts.transitions} transitions)"
-                    update(to_device(batch, device), where=where)  # queues the work; reads nothing back
+                    output = update(to_device(batch, device), where=where)  # queues the work
+                    if buffer.prioritized:  # reads the priorities back: a host sync per update on a GPU
+                        buffer.update_priorities(batch[REPLAY_INDEX], output[SAMPLE_PRIORITY])
                     guard.updated()
                     policy.update_target()
                     counts.updates += 1

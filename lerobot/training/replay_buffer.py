@@ -24,11 +24,18 @@ Gymnasium 1.x autoreset (`add_env_step` handles it; pick the mode the envs were 
 Sub-trajectories: a sample of length H starts at (row t, env e) and covers rows t .. t+H-1 of env e, all in
 one episode (no episode end before its last step), all written and none overwritten. Starting points are
 drawn uniformly among all valid ones by rejection. Episodes shorter than H cannot be sampled.
+
+Prioritised replay (Schaul et al. 2016, as TD-MPC uses it), when `alpha > 0`: every start has a priority p
+(new rows get the largest priority seen so far, so each is drawn soon), a start is drawn with probability
+P = p**alpha / (sum over all valid starts) (drawn among all rows, invalid starts rejected), and the batch
+carries each sample's importance weight (N * P)**-beta / (the batch's largest), N the number of valid starts,
+and where it was drawn from, so that the trainer can write the policy's new priorities back
+(`update_priorities`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -43,9 +50,13 @@ from lerobot.constants import (
     NEXT_REWARD,
     NEXT_TERMINATED,
     NEXT_TRUNCATED,
+    REPLAY_INDEX,
+    SAMPLE_WEIGHT,
 )
 
 _MAX_REJECTION_ROUNDS = 64
+# Added to every written-back priority so that no start becomes impossible to draw (TD-MPC's value).
+_PRIORITY_EPS = 1e-6
 
 
 def final_observations(next_obs: Any, info: Mapping[str, Any]) -> Any:
@@ -83,11 +94,17 @@ class ReplayBuffer:
         capacity: total transitions kept (over all envs); the oldest rows are overwritten.
         n_envs: transitions per `add` (one per env).
         seed: seed of the sampling generator.
+        alpha: priority exponent of prioritised replay; 0 draws uniformly (and keeps no priorities in use).
+        beta: importance-weight exponent of prioritised replay (1 corrects the sampling bias fully).
     """
 
-    def __init__(self, capacity: int, n_envs: int = 1, seed: int = 0):
+    def __init__(self, capacity: int, n_envs: int = 1, seed: int = 0, alpha: float = 0.0, beta: float = 0.4):
         if capacity < n_envs or n_envs < 1:
             raise ValueError(f"capacity={capacity} must be >= n_envs={n_envs} >= 1")
+        if alpha < 0 or not 0 <= beta <= 1:
+            raise ValueError(f"prioritised replay needs alpha >= 0 and beta in [0, 1], got {alpha}, {beta}")
+        self.alpha, self.beta = alpha, beta
+        self.max_priority = 1.0
         self.rows = capacity // n_envs
         self.n_envs = n_envs
         self.pos = 0  # next row to write
@@ -126,6 +143,7 @@ class ReplayBuffer:
             "valid": torch.zeros(shape, dtype=torch.bool),
             "episode": torch.zeros(shape, dtype=torch.int64),
             "step": torch.zeros(shape, dtype=torch.int64),
+            "priority": torch.zeros(shape, dtype=torch.float32),
         }
 
     def add(
@@ -165,6 +183,7 @@ class ReplayBuffer:
         d["valid"][r] = valid
         d["episode"][r] = self._cur_episode
         d["step"][r] = self._cur_step
+        d["priority"][r] = self.max_priority
         # An invalid row belongs to no episode: it neither advances the step count nor ends an episode.
         ended = done & valid
         self._cur_step = torch.where(valid, self._cur_step + 1, self._cur_step)
@@ -253,40 +272,83 @@ class ReplayBuffer:
             ok &= rows + horizon - 1 < self.pos
         return ok
 
+    @property
+    def prioritized(self) -> bool:
+        """Whether starts are drawn by priority (`alpha > 0`)."""
+        return self.alpha > 0
+
     def sample(self, batch_size: int, horizon: int = 1) -> dict[str, Tensor]:
-        """Draw `batch_size` sub-trajectories of `horizon` transitions, uniformly over valid starts.
+        """Draw `batch_size` sub-trajectories of `horizon` transitions, uniformly over valid starts (with
+        `alpha > 0`: by priority, see the module docstring).
 
         Returns (B = batch_size, H = horizon):
             obs keys        (B, H+1, *shape)  o_t .. o_{t+H}: the H observations, then the last next_obs
             "action"        (B, H, A)
             "next.reward", "next.terminated", "next.truncated", "next.done"   (B, H)
+        and, with prioritised replay:
+            "sample_weight" (B,)    importance weight, at most 1
+            "replay_index"  (B, 2)  (row, env) of each start, for `update_priorities`
         """
         n_rows = self.filled_rows
         if n_rows < horizon or len(self) == 0:
             raise RuntimeError(f"replay buffer holds {len(self)} transitions, too few for horizon {horizon}")
+        high = n_rows if self.full else n_rows - horizon + 1
+        if not self.prioritized:
+
+            def uniformly(n: int) -> tuple[Tensor, Tensor]:
+                rows = torch.randint(0, high, (n,), generator=self.generator)
+                return rows, torch.randint(0, self.n_envs, (n,), generator=self.generator)
+
+            rows, envs = self._draw_valid_starts(batch_size, horizon, uniformly)
+            return self.gather(rows, envs, horizon)
+        # Drawn by priority among all rows and the invalid starts rejected: in proportion among the valid ones.
+        strength = self.data["priority"][:high].pow(self.alpha).flatten()  # p**alpha, (high * n_envs,)
+
+        def by_priority(n: int) -> tuple[Tensor, Tensor]:
+            flat = torch.multinomial(strength, n, replacement=True, generator=self.generator)
+            return flat // self.n_envs, flat % self.n_envs
+
+        rows, envs = self._draw_valid_starts(batch_size, horizon, by_priority)
+        # (N P)**-beta over the batch's largest: N and the sum over starts cancel out of the ratio.
+        drawn = strength[rows * self.n_envs + envs]
+        batch = self.gather(rows, envs, horizon)
+        batch[SAMPLE_WEIGHT] = (drawn / drawn.min()).pow(-self.beta)
+        batch[REPLAY_INDEX] = torch.stack([rows, envs], dim=1)
+        return batch
+
+    def _draw_valid_starts(
+        self, batch_size: int, horizon: int, candidates: Callable[[int], tuple[Tensor, Tensor]]
+    ) -> tuple[Tensor, Tensor]:
+        """`batch_size` valid starts (rows, envs), each (B,), from `candidates(n)` by rejection."""
         chosen_rows, chosen_envs, n_found = [], [], 0
         for _ in range(_MAX_REJECTION_ROUNDS):
             need = batch_size - n_found
             # Oversample a little so one round usually suffices.
-            n_draw = need + need // 4 + 8
-            high = n_rows if self.full else n_rows - horizon + 1
-            rows = torch.randint(0, high, (n_draw,), generator=self.generator)
-            envs = torch.randint(0, self.n_envs, (n_draw,), generator=self.generator)
+            rows, envs = candidates(need + need // 4 + 8)
             ok = self._valid_starts(rows, envs, horizon)
             rows, envs = rows[ok][:need], envs[ok][:need]
             chosen_rows.append(rows)
             chosen_envs.append(envs)
             n_found += rows.shape[0]
             if n_found == batch_size:
-                break
-        else:
-            raise RuntimeError(
-                f"could not find {batch_size} sub-trajectories of length {horizon} that stay inside one "
-                "episode; are the episodes shorter than the horizon?"
-            )
-        rows = torch.cat(chosen_rows)
-        envs = torch.cat(chosen_envs)
-        return self.gather(rows, envs, horizon)
+                return torch.cat(chosen_rows), torch.cat(chosen_envs)
+        raise RuntimeError(
+            f"could not find {batch_size} sub-trajectories of length {horizon} that stay inside one "
+            "episode; are the episodes shorter than the horizon?"
+        )
+
+    def update_priorities(self, index: Tensor, priority: Tensor) -> None:
+        """Set the priorities of the starts `index` (B, 2) of (row, env), as `sample` returned them, to
+        `priority` (B,) (e.g. the policy's TD errors); rows marked -1 (not from this buffer) are skipped."""
+        index, priority = index.cpu(), priority.detach().float().cpu()
+        keep = index[:, 0] >= 0
+        index, priority = index[keep], priority[keep] + _PRIORITY_EPS
+        if priority.numel() == 0:
+            return
+        if not bool(torch.isfinite(priority).all()):
+            raise ValueError("update_priorities got non-finite priorities; the loss they come from diverged")
+        self.data["priority"][index[:, 0], index[:, 1]] = priority
+        self.max_priority = max(self.max_priority, float(priority.max()))
 
     def gather(self, rows: Tensor, envs: Tensor, horizon: int) -> dict[str, Tensor]:
         """The sub-trajectories starting at (rows[i], envs[i]) (no validity check), laid out as in `sample`."""
@@ -321,6 +383,7 @@ class ReplayBuffer:
             "cur_step": self._cur_step.clone(),
             "autoreset_pending": self._autoreset_pending.clone(),
             "generator": self.generator.get_state(),
+            "max_priority": self.max_priority,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -349,6 +412,10 @@ class ReplayBuffer:
         self._cur_step = state["cur_step"].clone()
         self._autoreset_pending = state["autoreset_pending"].clone()
         self.generator.set_state(state["generator"])
+        # Buffers saved before priorities were kept: every stored start as likely as any other.
+        if self.data and "priority" not in self.data:
+            self.data["priority"] = torch.ones(self.rows, self.n_envs)
+        self.max_priority = float(state.get("max_priority", 1.0))
 
 
 def sample_mixed(
@@ -359,7 +426,8 @@ def sample_mixed(
     offline_ratio: float,
 ) -> dict[str, Tensor]:
     """A batch with `round(batch_size * offline_ratio)` samples from `offline` and the rest from `online`,
-    in that order: online rows first. `FROM_DEMONSTRATIONS` (B,) marks the rows drawn from `offline`."""
+    in that order: online rows first. `FROM_DEMONSTRATIONS` (B,) marks the rows drawn from `offline`.
+    When `online` replays by priority, the demonstration rows (drawn uniformly) get weight 1 and index -1."""
     n_off = round(batch_size * offline_ratio) if offline is not None and len(offline) > 0 else 0
     n_on = batch_size - n_off
     parts = []
@@ -367,6 +435,9 @@ def sample_mixed(
         parts.append(online.sample(n_on, horizon))
     if n_off > 0:
         parts.append(offline.sample(n_off, horizon))
+        if online.prioritized:
+            parts[-1][SAMPLE_WEIGHT] = torch.ones(n_off)
+            parts[-1][REPLAY_INDEX] = torch.full((n_off, 2), -1, dtype=torch.int64)
     batch = parts[0] if len(parts) == 1 else {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
     batch[FROM_DEMONSTRATIONS] = torch.arange(batch_size) >= n_on
     return batch

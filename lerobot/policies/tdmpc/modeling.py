@@ -23,7 +23,14 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from lerobot.constants import ACTION, FROM_DEMONSTRATIONS, NEXT_REWARD, NEXT_TERMINATED
+from lerobot.constants import (
+    ACTION,
+    FROM_DEMONSTRATIONS,
+    NEXT_REWARD,
+    NEXT_TERMINATED,
+    SAMPLE_PRIORITY,
+    SAMPLE_WEIGHT,
+)
 from lerobot.policies.online_policy import OnlinePolicy
 from lerobot.policies.tdmpc.configuration import TDMPCConfig
 from lerobot.policies.tdmpc.networks import BoundsNormalizer, WorldModel
@@ -37,9 +44,11 @@ class TDMPCPolicy(OnlinePolicy):
     features' `low`/`high` bounds, which online RL knows before it has seen any data.
 
     As an `OnlinePolicy`: `replay_horizon` is `config.horizon`, `update_target()` is an EMA step of the
-    target network, `set_noise_seed()` seeds the per-env planner noise, and `explore` adds the planner's
-    final std as noise to the first planned action.
+    target network, `set_noise_seed()` seeds the per-env planner noise, `explore` adds the planner's
+    final std as noise to the first planned action, and it reports priorities (its TD errors).
     """
+
+    reports_priorities = True
 
     def __init__(self, config: TDMPCConfig, dataset_stats: dict | None = None):
         super().__init__(
@@ -181,6 +190,11 @@ class TDMPCPolicy(OnlinePolicy):
           gains prior_entropy_coeff * action_dim * -log pi(a_t | z_t), the entropy's one-sample estimate;
           with `bc_coeff > 0` plus bc_coeff * (pi(z_t) - a_t)^2 (mean over action dims) on the rows marked
           `FROM_DEMONSTRATIONS`, t < H
+
+        With prioritised replay the batch holds `sample_weight` (B,): the consistency, reward and value terms
+        become weighted means over the batch (the policy term stays a plain mean, as in TD-MPC), and the
+        output gains `sample_priority` (B,): sum over t of rho**t times sum over the ensemble of
+        |Q_k(z_t, a_t) - td_target_t|, clamped at 1e4 (TD-MPC's priority).
         """
         cfg = self.config
         action = self.normalizer.normalize(self.action_key, batch[ACTION])  # (B, H, A)
@@ -216,11 +230,16 @@ class TDMPCPolicy(OnlinePolicy):
         r_out = self.model.reward_outputs(zs[:, :-1], action)  # (B, H, n_out)
 
         w = rho[:horizon]
-        consistency = (w * ((zs[:, 1:] - z_target) ** 2).mean(dim=(0, 2))).sum() / horizon
-        reward_err = self.model.regression_loss(r_out, reward)  # (B, H)
-        reward_loss = (w * reward_err.mean(dim=0)).sum() / horizon
-        value_err = self.model.regression_loss(q_out, td_target)  # (n_q, B, H)
-        value_loss = (w * value_err.sum(dim=0).mean(dim=0)).sum() / horizon
+        sample_weight = batch.get(SAMPLE_WEIGHT)  # (B,) with prioritised replay
+
+        def batch_mean(per_step: Tensor) -> Tensor:
+            """The rho-discounted mean over time of (B, H) per-step losses, averaged over the batch."""
+            per_sample = (w * per_step).sum(dim=1) / horizon
+            return per_sample.mean() if sample_weight is None else (sample_weight * per_sample).mean()
+
+        consistency = batch_mean(((zs[:, 1:] - z_target) ** 2).mean(dim=2))
+        reward_loss = batch_mean(self.model.regression_loss(r_out, reward))  # regression loss (B, H)
+        value_loss = batch_mean(self.model.regression_loss(q_out, td_target).sum(dim=0))  # (n_q, B, H)
 
         # Policy: maximise Q along the (detached) latent rollout; Q's weights are detached so this term
         # trains pi alone.
@@ -243,6 +262,10 @@ class TDMPCPolicy(OnlinePolicy):
             entropy = -log_prob * self.action_dim  # TD-MPC2 scales the entropy by the action dims
             objective = objective + cfg.prior_entropy_coeff * entropy
             extra["prior_entropy"] = entropy.detach().mean()
+        if sample_weight is not None:
+            with torch.no_grad():
+                td_error = (self.model.to_scalar(q_out) - td_target).abs().sum(dim=0)  # (B, H)
+                extra[SAMPLE_PRIORITY] = (w * td_error).sum(dim=1).clamp(max=1e4)
         policy_loss = -(rho * objective.mean(dim=0)).sum() / (horizon + 1)
         bc_loss = action.new_zeros(())
         if cfg.bc_coeff > 0 and FROM_DEMONSTRATIONS in batch:
