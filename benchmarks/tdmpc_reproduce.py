@@ -16,7 +16,8 @@ training evaluations (10 episodes every 10,000 agent steps, fixed seeds) are the
   push as cited by the issue that asked for these runs), TD-MPC's own per-task figures being unpublished
   (its mean over 50 tasks: 56.5%).
 
-`report` writes `benchmarks/results/tdmpc_reproduce.json` and `tdmpc_reproduce.png`.
+`report` writes `benchmarks/results/tdmpc_reproduce.json`, `tdmpc_reproduce.png` (against agent steps) and
+`tdmpc_reproduce_hours.png` (against training hours).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 RESULTS_FILE = REPO / "benchmarks" / "results" / "tdmpc_reproduce.json"
 PLOT_FILE = REPO / "benchmarks" / "results" / "tdmpc_reproduce.png"
+HOURS_PLOT_FILE = REPO / "benchmarks" / "results" / "tdmpc_reproduce_hours.png"
 STEPS = 100_000
 # name -> (suite, the overrides that pick the task, the published curve's points up to 100k agent steps as
 # (step, mean over its 3 seeds), the metric). The DMC CSVs hold steps 0 and 100000 in that range.
@@ -108,19 +110,32 @@ def run(args: argparse.Namespace) -> None:
     report(args)
 
 
-def report(args: argparse.Namespace) -> None:
-    """The table (latest evaluation of each run against the published figure) and the curves."""
+def _curves(args: argparse.Namespace) -> dict:
+    """Each trained run's evaluations: {run key: {suite, metric, published, curve: [{step, train_hours, metric}]}}."""
+    runs: dict = {}
+    for name, (suite, _, points, metric) in RUNS.items():
+        for seed in args.seeds:
+            evals = _evals(_run_dir(args, name, seed))
+            if evals:
+                runs[f"{name}_s{seed}"] = {
+                    "suite": suite,
+                    "metric": metric,
+                    "published": points[-1][1],
+                    "curve": [
+                        {"step": r["step"], "train_hours": r["train_hours"], metric: r[metric]} for r in evals
+                    ],
+                }
+    return runs
+
+
+def _plot(args: argparse.Namespace, runs: dict, against_hours: bool, path: Path) -> None:
+    """One panel per task, a row per suite (DMC returns 0-1000, MetaWorld success %), against agent steps (with
+    the published CSV points) or training hours (with the published figure at 100k as a line to reach)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    out: dict = {
-        "size": args.size,
-        "recipes": {f"{k[0]}": v for k, v in RECIPES.items() if k[1] == args.size},
-    }
-    runs: dict = {}
-    # One row per suite: DMC returns (0-1000) above, MetaWorld success (%) below.
     suites = {suite: [n for n, r in RUNS.items() if r[0] == suite] for suite in ("dmc", "metaworld")}
     n_cols = max(len(names) for names in suites.values())
     fig, axes = plt.subplots(2, n_cols, figsize=(3.2 * n_cols, 5.6), squeeze=False)
@@ -129,54 +144,50 @@ def report(args: argparse.Namespace) -> None:
             axes[row][col].axis("off")
         for ax, name in zip(axes[row], names):
             _, _, points, metric = RUNS[name]
-            published = points[-1][1]
             for seed in args.seeds:
-                evals = _evals(_run_dir(args, name, seed))
-                if not evals:
-                    continue
-                curve = [
-                    {"step": r["step"], "train_hours": r["train_hours"], metric: r[metric]} for r in evals
-                ]
-                runs[f"{name}_s{seed}"] = {
-                    "suite": suite,
-                    "metric": metric,
-                    "published": published,
-                    "curve": curve,
-                }
-                ax.plot(
-                    [c["step"] / 1000 for c in curve],
-                    [c[metric] for c in curve],
-                    marker="o",
-                    markersize=3,
-                    label=f"seed {seed}",
-                )
-            ax.plot(
-                [p[0] / 1000 for p in points],
-                [p[1] for p in points],
-                "k--",
-                marker="x",
-                linewidth=1,
-                label="published (CSV points)",
-            )
+                run = runs.get(f"{name}_s{seed}")
+                curve = [c for c in run["curve"] if c["train_hours"] is not None] if run else []
+                if curve:
+                    x = [c["train_hours"] if against_hours else c["step"] / 1000 for c in curve]
+                    ax.plot(x, [c[metric] for c in curve], marker="o", markersize=3, label=f"seed {seed}")
+            if against_hours:
+                ax.axhline(points[-1][1], color="k", linestyle="--", linewidth=1, label="published at 100k")
+                ax.set_xlim(left=0)
+            else:  # the published curve is known only at these steps: points, not a line between them
+                ax.plot([p[0] / 1000 for p in points], [p[1] for p in points], "kx", label="published (CSV)")
+                ax.set_xlim(0, STEPS / 1000 * 1.02)
             ax.set_title(name, fontsize=9)
-            ax.set_xlim(0, STEPS / 1000)
             ax.set_ylim(0, 1000 if suite == "dmc" else 100)
-            ax.set_xlabel("agent steps (thousands)", fontsize=8)
+            ax.set_xlabel("training hours" if against_hours else "agent steps (thousands)", fontsize=8)
             ax.grid(alpha=0.3)
         axes[row][0].set_ylabel("eval return" if suite == "dmc" else "eval success (%)", fontsize=8)
     axes[0][0].legend(fontsize=7)
     fig.suptitle(f"TD-MPC ({args.size}-sized recipes), 10 evaluation episodes per point", fontsize=10)
     fig.tight_layout()
-    fig.savefig(PLOT_FILE, dpi=80)
-    out["runs"] = runs
+    fig.savefig(path, dpi=80)
+
+
+def report(args: argparse.Namespace) -> None:
+    """The table (latest evaluation of each run against the published figure) and the curves."""
+    runs = _curves(args)
+    _plot(args, runs, against_hours=False, path=PLOT_FILE)
+    _plot(args, runs, against_hours=True, path=HOURS_PLOT_FILE)
+    out = {
+        "size": args.size,
+        "recipes": {f"{k[0]}": v for k, v in RECIPES.items() if k[1] == args.size},
+        "runs": runs,
+    }
     RESULTS_FILE.write_text(json.dumps(out, indent=1))
-    print("| run | agent steps | training hours | latest figure | published at 100k |")
-    print("|---|---|---|---|---|")
+    print("| run | agent steps | training hours | latest figure | published at 100k | ratio |")
+    print("|---|---|---|---|---|---|")
     for key, r in runs.items():
         last = r["curve"][-1]
         hours = f"{last['train_hours']:.2f}" if last["train_hours"] is not None else "?"
-        print(f"| {key} | {last['step']} | {hours} | {last[r['metric']]:.1f} | {r['published']:.1f} |")
-    print(f"wrote {RESULTS_FILE} and {PLOT_FILE}")
+        ratio = last[r["metric"]] / r["published"]
+        print(
+            f"| {key} | {last['step']} | {hours} | {last[r['metric']]:.1f} | {r['published']:.1f} | {ratio:.2f} |"
+        )
+    print(f"wrote {RESULTS_FILE}, {PLOT_FILE} and {HOURS_PLOT_FILE}")
 
 
 def main() -> None:

@@ -1,0 +1,52 @@
+"""The TD-MPC reproduction queue: its commands are valid runs, and its report reads resumed runs right."""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from lerobot.cli import compose_config
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import tdmpc_reproduce  # noqa: E402
+
+
+def _args(root: Path, size: str = "cpu") -> argparse.Namespace:
+    return argparse.Namespace(root=str(root), size=size, seeds=[1], runs=list(tdmpc_reproduce.RUNS))
+
+
+@pytest.mark.parametrize("size", ["cpu", "paper"])
+def test_every_queued_run_is_a_valid_config_of_its_recipe(tmp_path, size):
+    for name, (suite, _, _, _) in tdmpc_reproduce.RUNS.items():
+        command = tdmpc_reproduce._command(_args(tmp_path, size), name, 1)
+        cfg = compose_config(command[2:])  # past the interpreter and scripts/train.py
+        assert cfg.policy.name == "tdmpc" and cfg.training.steps == tdmpc_reproduce.STEPS
+        assert cfg.env.name == ("metaworld" if suite == "metaworld" else name.join(["dmc_", ""]))
+        assert cfg.output_dir == str(tmp_path / size / f"{name}_s1")
+
+
+def test_report_keeps_the_last_of_a_repeated_evaluation_and_its_training_hours(tmp_path, monkeypatch, capsys):
+    run_dir = tmp_path / "cpu" / "cartpole_swingup_s1"
+    run_dir.mkdir(parents=True)
+    rows = [
+        {"split": "train", "step": 10_000, "train_time_s": 360.0},
+        {"split": "eval", "step": 10_000, "avg_sum_reward": 300.0},
+        {"split": "eval", "step": 10_000, "avg_sum_reward": 310.0},  # redone by a resumed run
+        {"split": "train", "step": 20_000, "train_time_s": 1080.0},
+        {"split": "eval", "step": 20_000, "avg_sum_reward": 863.1},
+    ]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    outputs = {"RESULTS_FILE": "r.json", "PLOT_FILE": "steps.png", "HOURS_PLOT_FILE": "hours.png"}
+    for attr, file in outputs.items():
+        monkeypatch.setattr(tdmpc_reproduce, attr, tmp_path / file)
+    assert not tdmpc_reproduce._finished(run_dir)
+    tdmpc_reproduce.report(_args(tmp_path))
+    run = json.loads((tmp_path / "r.json").read_text())["runs"]["cartpole_swingup_s1"]
+    assert run["curve"] == [
+        {"step": 10_000, "train_hours": 0.1, "avg_sum_reward": 310.0},
+        {"step": 20_000, "train_hours": 0.3, "avg_sum_reward": 863.1},
+    ]
+    assert "| cartpole_swingup_s1 | 20000 | 0.30 | 863.1 | 863.1 | 1.00 |" in capsys.readouterr().out
+    assert (tmp_path / "steps.png").stat().st_size > 0 and (tmp_path / "hours.png").stat().st_size > 0
