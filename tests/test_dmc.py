@@ -237,6 +237,35 @@ def test_recipe_holds_the_papers_settings():
     assert (cfg.eval.n_episodes, cfg.eval.freq) == (10, 10_000)
 
 
+def test_tdmpc2_recipe_holds_tdmpc2s_settings_and_the_same_protocol():
+    cfg = compose_config(["+experiment=tdmpc2_dmc", "env=dmc_finger_spin"])
+    policy = make_policy_config(cfg.policy, env_config(cfg))
+    assert (policy.latent_dim, policy.mlp_dim, policy.simnorm_dim, policy.n_q, policy.n_q_min) == (
+        512,
+        512,
+        8,
+        5,
+        2,
+    )
+    assert (policy.value_bins, policy.prior_entropy_coeff, policy.horizon, policy.momentum) == (
+        101,
+        1e-4,
+        3,
+        0.0,
+    )
+    assert (policy.consistency_coeff, policy.reward_coeff, policy.value_coeff, policy.rho) == (
+        20.0,
+        0.1,
+        0.1,
+        0.5,
+    )
+    assert (policy.batch_size, policy.optimizer_lr, policy.tau, policy.schedule_steps) == (256, 3e-4, 0.01, 0)
+    t = cfg.training
+    assert (t.learning_starts, t.initial_updates, t.grad_clip_norm, t.per_alpha) == (2500, 2500, 20.0, 0.0)
+    paper = compose_config(["+experiment=tdmpc_dmc", "env=dmc_finger_spin"])
+    assert cfg.env == paper.env and cfg.eval == paper.eval and t.steps == paper.training.steps
+
+
 def test_tiny_tdmpc_run_through_the_training_command(tmp_path):
     """The recipe, shrunk, trains a few dozen steps on cartpole-swingup and evaluates by episode return."""
     run_dir = tmp_path / "run"
