@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -93,6 +94,18 @@ def _paper_recipe():
     patch.setenv(RECIPE_ENV, "paper")
     yield
     patch.undo()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _ctrl_c_raises():
+    """Ctrl-C's default action in the suite and in the scripts it starts, however it was launched: a shell's
+    background job (`pytest &`) ignores SIGINT, which its children inherit, and Python then installs no
+    KeyboardInterrupt handler, so the tests that send SIGINT would see it ignored."""
+    previous = signal.getsignal(signal.SIGINT)
+    if previous == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
 
 
 @pytest.fixture(scope="session", autouse=True)

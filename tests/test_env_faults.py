@@ -36,12 +36,6 @@ def _gone(pid: int) -> bool:
         return True
 
 
-def _sigint_default() -> None:
-    """preexec_fn: Ctrl-C's default action in the child, whatever the suite inherited (a shell's background job
-    ignores SIGINT, and Python then installs no KeyboardInterrupt handler)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def _children(pid: int) -> list[int]:
     kids = []
     for entry in os.listdir("/proc"):
@@ -155,7 +149,6 @@ def test_ctrl_c_while_a_worker_is_stopped_ends_the_program_and_its_workers():
         env=env,
         stdout=subprocess.PIPE,
         text=True,
-        preexec_fn=_sigint_default,
     )
     try:
         pids = [int(p) for p in proc.stdout.readline().split()]
@@ -232,7 +225,6 @@ def test_ctrl_c_to_the_process_group_ends_cli_eval_with_one_line(tmp_path):
         stdout=subprocess.DEVNULL,
         text=True,
         start_new_session=True,  # its own process group, as a terminal job has
-        preexec_fn=_sigint_default,
     )
     try:
         deadline = time.monotonic() + 60
