@@ -48,5 +48,12 @@ def test_report_keeps_the_last_of_a_repeated_evaluation_and_its_training_hours(t
         {"step": 10_000, "train_hours": 0.1, "avg_sum_reward": 310.0},
         {"step": 20_000, "train_hours": 0.3, "avg_sum_reward": 863.1},
     ]
-    assert "| cartpole_swingup_s1 | 20000 | 0.30 | 863.1 | 863.1 | 1.00 |" in capsys.readouterr().out
+    assert "| cartpole_swingup_s1 | 863.1 | 10k: 310, 20k: 863 | 0.30 | running |" in capsys.readouterr().out
     assert (tmp_path / "steps.png").stat().st_size > 0 and (tmp_path / "hours.png").stat().st_size > 0
+
+
+def test_a_figure_matches_within_ten_percent_or_inside_the_seeds_spread():
+    assert tdmpc_reproduce.verdict(800.0, 863.1, None) == "800.0 (0.93x): match"
+    assert tdmpc_reproduce.verdict(740.0, 832.2, (734.1, 934.0)) == "740.0 (0.89x): match"
+    assert tdmpc_reproduce.verdict(700.0, 832.2, (734.1, 934.0)) == "700.0 (0.84x): short"
+    assert tdmpc_reproduce.verdict(100.0, 63.0, None) == "100.0 (1.59x): above"
