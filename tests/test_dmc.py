@@ -256,9 +256,11 @@ def test_tdmpc2_recipe_holds_tdmpc2s_settings_and_the_same_protocol():
     assert (policy.consistency_coeff, policy.reward_coeff, policy.value_coeff, policy.rho) == (
         20.0,
         0.1,
-        0.1,
+        0.02,  # TD-MPC2's 0.1 on the mean over its 5 Qs; here the loss sums over them
         0.5,
     )
+    assert (policy.activation, policy.q_dropout, policy.encoder_lr_scale) == ("mish", 0.01, 0.3)
+    assert (policy.q_scale_stat, policy.policy_q_reduction) == ("percentile_range", "mean")
     assert (policy.batch_size, policy.optimizer_lr, policy.tau, policy.schedule_steps) == (256, 3e-4, 0.01, 0)
     t = cfg.training
     assert (t.learning_starts, t.initial_updates, t.grad_clip_norm, t.per_alpha) == (2500, 2500, 20.0, 0.0)

@@ -98,9 +98,21 @@ def test_train_resume_and_eval(tmp_path):
     assert len(info["per_episode"]) == 2 and all(ep["n_steps"] == 12 for ep in info["per_episode"])
 
 
-@pytest.mark.parametrize("tdmpc2", [[], ["policy.value_bins=11", "policy.prior_entropy_coeff=1e-4"]])
+TDMPC2_OPTIONS = [
+    "policy.value_bins=11",
+    "policy.prior_entropy_coeff=1e-4",
+    "policy.activation=mish",
+    "policy.q_dropout=0.01",
+    "policy.encoder_lr_scale=0.3",
+    "policy.q_scale_stat=percentile_range",
+    "policy.policy_q_reduction=mean",
+]
+
+
+@pytest.mark.parametrize("tdmpc2", [[], TDMPC2_OPTIONS])
 def test_train_with_bf16_autocast(tmp_path, tdmpc2):
-    """A short bf16 run logs finite losses, as TD-MPC and with TD-MPC2's two-hot bins and Gaussian prior."""
+    """A short bf16 run logs finite losses, as TD-MPC and with all of TD-MPC2's options (two-hot bins,
+    Gaussian prior, Mish, Q dropout, the encoder's learning rate, the percentile Q scale, the mean of Qs)."""
     run_dir = tmp_path / "amp"
     overrides = ["training.steps=30", "training.use_amp=true", *tdmpc2]
     assert train_main([*TINY, *overrides, f"output_dir={run_dir}"]) == 0

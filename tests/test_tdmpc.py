@@ -343,6 +343,92 @@ def test_elu_is_torch_elu_in_value_and_gradient():
     assert networks.elu(torch.tensor([float("nan")])).isnan().all()
 
 
+def test_mish_networks_act_as_they_train():
+    """`activation="mish"` (TD-MPC2): every hidden layer is Mish; acting's in-place paths (`mlp_inference`,
+    `forward_inference`) equal the training modules exactly, and planning's values equal the model's."""
+    policy = make_policy(activation="mish")
+    model = policy.model
+    assert all(not isinstance(m, networks.ELU) for m in model.modules())
+    assert sum(isinstance(m, torch.nn.Mish) for m in model.modules()) == 1 + 2 * 3 + 1  # + the Q ensemble's
+    x = torch.rand(50, model.dynamics[0].in_features, generator=torch.Generator().manual_seed(0)) * 2 - 1
+    with torch.no_grad():
+        h = F.linear(x, model.dynamics[0].weight, model.dynamics[0].bias)
+        h = F.mish(F.layer_norm(h, h.shape[-1:], model.dynamics[1].weight, model.dynamics[1].bias))
+        assert torch.equal(model.dynamics[:3](x), h)
+        assert torch.equal(networks.mlp_inference(model.dynamics, x), model.dynamics(x))
+        assert torch.equal(model.q_ensemble.forward_inference(x), model.q_ensemble(x))
+    assert not torch.equal(make_policy().model.dynamics(x), model.dynamics(x))  # ELU differs
+    obs = observations(2)
+    assert policy.select_action(obs).shape == (2, 2)
+
+
+def test_q_dropout_drops_first_layer_units_in_updates_only():
+    """`q_dropout` (TD-MPC2: 0.01) is dropout on the Q members' first hidden layer before its LayerNorm, in
+    training mode; eval mode, acting and the target network (which stays in eval mode) never drop."""
+    policy = make_policy(q_dropout=0.5).train()
+    assert not policy.model_target.training and policy.model.q_ensemble.training
+    q = policy.model.q_ensemble
+    x = torch.rand(8, q.weights[0].shape[1], generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(5)
+    out = q(x)
+    torch.manual_seed(5)
+    h = F.dropout(networks.member_linear(x.expand(q.n, -1, -1), q.weights[0], q.biases[0]), 0.5)
+    for i in (0, 1):
+        if i:
+            h = networks.member_linear(h, q.weights[i], q.biases[i])
+        h = F.layer_norm(h, h.shape[-1:]) * q.ln_weights[i].unsqueeze(1) + q.ln_biases[i].unsqueeze(1)
+        h = networks.elu(h)
+    torch.testing.assert_close(out, networks.member_linear(h, q.weights[2], q.biases[2]))
+    assert not torch.equal(q(x), q(x))  # a new mask each call
+    policy.eval()
+    with torch.no_grad():
+        assert torch.equal(q(x), q(x)) and torch.equal(q(x), q.forward_inference(x))
+    # TD targets come from the target network in eval mode: training mode gives the eval-mode targets.
+    batch = training_batch()
+    torch.manual_seed(1)
+    in_eval = policy.eval()(batch)["td_target_mean"]
+    torch.manual_seed(1)
+    assert torch.equal(policy.train()(batch)["td_target_mean"], in_eval)
+
+
+def test_policy_q_reduction_and_the_percentile_q_scale():
+    """The policy objective takes the min or (TD-MPC2) the mean of the drawn Qs; the Q scale tracks mean |Q|
+    or (TD-MPC2) the 5th-95th percentile range of the first step's Q over the batch, at least 1."""
+    batch = training_batch()
+    for reduction in ("min", "mean"):
+        policy = make_policy(n_q=2, n_q_min=2, policy_q_reduction=reduction)  # both members drawn
+        out = policy(batch)  # eval mode: q_scale stays 1
+        with torch.no_grad():
+            obs = policy.encode_observation({k: batch[k] for k in policy.obs_keys})
+            action = policy.normalizer.normalize(ACTION, batch[ACTION])
+            zs = [policy.model.encode(obs[:, 0])]
+            for t in range(3):
+                zs.append(policy.model.next(zs[-1], action[:, t]))
+            z = torch.stack(zs, dim=1)
+            q = policy.model.q(z, policy.model.pi(z))  # (2, B, 4)
+        q = q.min(dim=0).values if reduction == "min" else q.mean(dim=0)
+        want = -(0.5 ** torch.arange(4.0) * q.mean(dim=0)).sum() / 4
+        torch.testing.assert_close(out["policy_loss"], want, rtol=1e-5, atol=1e-6)
+    policy = make_policy(q_scale_stat="percentile_range")
+    q_pi = torch.zeros(101, 4)
+    q_pi[:, 0] = torch.arange(101.0) * 0.5  # percentiles 2.5 and 47.5
+    torch.testing.assert_close(policy._q_scale_statistic(q_pi), torch.tensor(45.0))
+    assert float(policy._q_scale_statistic(q_pi * 0.01)) == 1.0  # a range under 1 counts as 1
+    assert float(make_policy()._q_scale_statistic(-q_pi)) == pytest.approx(q_pi.abs().mean().item())
+    # A training-mode update moves the scale 1% of the way (q_scale_momentum 0.99) to that statistic.
+    policy = make_policy(n_q=2, n_q_min=2, q_scale_stat="percentile_range").train()
+    with torch.no_grad():
+        policy.model.q_ensemble.weights[-1].mul_(50.0)  # a spread well above 1
+    policy(batch)
+    with torch.no_grad():
+        obs = policy.encode_observation({k: batch[k] for k in policy.obs_keys})
+        z = policy.model.encode(obs[:, 0])
+        q0 = policy.model.q(z, policy.model.pi(z)).min(dim=0).values  # (B,) the first step's Q
+    spread = (q0.quantile(0.95) - q0.quantile(0.05)).clamp_min(1.0)
+    assert spread > 2.0
+    torch.testing.assert_close(policy.q_scale, 1.0 + 0.01 * (spread - 1.0))
+
+
 def test_block_bounds_cover_the_rows_in_aligned_blocks():
     for n_rows in (1, 36, 64, 136, 544, 1000, 6800, 13600):
         bounds = planner_module.block_bounds(n_rows, 512)
@@ -664,6 +750,15 @@ def test_config_validation():
         tiny_config(prior_entropy_coeff=-1.0).validate()
     with pytest.raises(ConfigError, match="value_bins=1"):
         tiny_config(value_bins=1).validate()
+    for bad, match in [
+        (dict(activation="relu"), "activation='relu'"),
+        (dict(q_dropout=1.0), "q_dropout"),
+        (dict(encoder_lr_scale=0.0), "encoder_lr_scale"),
+        (dict(q_scale_stat="median"), "q_scale_stat='median'"),
+        (dict(policy_q_reduction="max"), "policy_q_reduction='max'"),
+    ]:
+        with pytest.raises(ConfigError, match=match):
+            tiny_config(**bad).validate()
 
 
 def test_warm_up_schedules_shorten_the_horizon_and_raise_the_std_floor():

@@ -12,7 +12,7 @@ from test_dataset import ZARR, write_fake_zarr
 
 import lerobot.training.offline as offline
 from lerobot.cli import eval_main, train_main
-from lerobot.errors import TrainingDivergedError
+from lerobot.errors import CheckpointError, TrainingDivergedError
 from lerobot.training.update import TrainStep
 
 TINY = [
@@ -230,6 +230,29 @@ def test_train_step_uses_the_policys_parameter_groups():
     assert {"loss", "grad_norm"} <= set(output) and not output["loss"].requires_grad
     changed = {id(p) for p, b in zip(policy.parameters(), before) if not torch.equal(p, b)}
     assert not changed & frozen_ids and changed
+
+
+def test_encoder_lr_scale_gives_the_encoder_its_own_rate_and_a_changed_split_is_refused():
+    """TD-MPC2's encoder learning rate: `encoder_lr_scale` != 1 puts the encoder alone in a second group at
+    that multiple of `optimizer_lr` (every trainable parameter in exactly one group); 1 keeps one group. A
+    checkpoint whose optimizer was split otherwise is refused with one line naming the setting."""
+    settings = OmegaConf.create({"grad_clip_norm": 10.0, "use_amp": False, "compile": False})
+    policy = tiny_tdmpc(encoder_lr_scale=0.3)
+    update = TrainStep(policy, policy.config, settings, 10)
+    rest, encoder = update.optimizer.param_groups
+    lr = policy.config.optimizer_lr
+    assert rest["lr"] == lr and encoder["lr"] == pytest.approx(0.3 * lr)
+    assert {id(p) for p in encoder["params"]} == {id(p) for p in policy.model.encoder.parameters()}
+    trainable = [id(p) for p in policy.parameters() if p.requires_grad]
+    assert sorted(id(p) for g in update.optimizer.param_groups for p in g["params"]) == sorted(trainable)
+    update(tdmpc_batch(), where="step 1")
+    one_group = tiny_tdmpc()
+    assert len(TrainStep(one_group, one_group.config, settings, 10).optimizer.param_groups) == 1
+    resumed = TrainStep(one_group, one_group.config, settings, 10)
+    with pytest.raises(
+        CheckpointError, match=r"2 parameter group\(s\), this config makes 1.*encoder_lr_scale"
+    ):
+        resumed.load_state_dict(update.state_dict())
 
 
 def test_train_step_optimizer_is_fused_adamw_with_the_same_math():

@@ -333,6 +333,13 @@ class TrainStep:
                 "a run started from another run's checkpoint may change how it trains, not the model's shape"
             ) from None
         wanted = [group["initial_lr"] for group in self.optimizer.param_groups]
+        saved_groups = len(state["optimizer"]["param_groups"])
+        if saved_groups != len(wanted):
+            raise CheckpointError(
+                f"the checkpoint's optimizer has {saved_groups} parameter group(s), this config makes "
+                f"{len(wanted)}: a setting that splits the parameters into groups changed (e.g. "
+                "policy.encoder_lr_scale from 1 to another value); resume with the run's own value"
+            )
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"] if "scheduler" in state else state["lr_scheduler"])
         for i, (group, lr) in enumerate(zip(self.optimizer.param_groups, wanted, strict=True)):

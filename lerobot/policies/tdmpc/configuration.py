@@ -6,8 +6,9 @@ temporal discount rho 0.5). Deviations, and why:
 
 - An ensemble of `n_q=5` Q-functions whose TD targets and policy objective take the minimum over `n_q_min=2`
   members drawn at random each update (FOWM / REDQ): less over-estimation than TD-MPC's two Q-functions.
-- Hidden layers are Linear -> LayerNorm -> ELU (TD-MPC's ELU plus FOWM's LayerNorm; Mish, as in FOWM, is
-  slower than ELU on CPU for no gain we could see), and the latent state is SimNorm-ed
+- Hidden layers are Linear -> LayerNorm -> ELU (TD-MPC's ELU plus FOWM's LayerNorm; Mish, as in FOWM and
+  TD-MPC2, is slower than ELU on CPU for no gain we could see: `activation` chooses), and the latent state
+  is SimNorm-ed
   (softmax over groups of `simnorm_dim` units, TD-MPC2): the latent stays bounded so long latent rollouts and
   the consistency loss cannot blow up. `latent_dim` must therefore be a multiple of `simnorm_dim`.
 - `absorbing_terminal` (off by default) values a terminated episode's final state as absorbing, for tasks
@@ -30,8 +31,11 @@ from dataclasses import dataclass
 from lerobot.config import ONLINE, PolicyConfig
 from lerobot.constants import ENV_STATE, STATE, VISUAL
 from lerobot.errors import ConfigError
+from lerobot.policies.tdmpc.networks import ACTIVATIONS
 
 PLAN_ACTIONS = ("elite", "mean")
+Q_SCALE_STATS = ("mean_abs", "percentile_range")
+Q_REDUCTIONS = ("min", "mean")
 
 
 @dataclass
@@ -92,8 +96,21 @@ class TDMPCConfig(PolicyConfig):
     # trained to maximise Q plus this weight times its entropy (times the action dims, as TD-MPC2, which uses
     # 1e-4). Its draws seed the planner; the value targets and the planner's terminal value take its mean.
     prior_entropy_coeff: float = 0.0
-    # EMA decay of the running Q scale that normalises the policy objective.
+    # EMA decay of the running Q scale that normalises the policy objective, and what it tracks:
+    # "mean_abs" the mean |Q| over the batch and the rollout; "percentile_range" (TD-MPC2) the spread between
+    # the 5th and 95th percentiles over the batch of the first step's Q, at least 1.
     q_scale_momentum: float = 0.99
+    q_scale_stat: str = "mean_abs"
+    # How the policy objective combines the `n_q_min` Q-functions drawn at random: "min" (FOWM / REDQ, as the
+    # TD targets) or "mean" (TD-MPC2).
+    policy_q_reduction: str = "min"
+    # Beyond TD-MPC as published (TD-MPC2's options): the hidden activation ("elu": TD-MPC; "mish":
+    # TD-MPC2, slower on a CPU), dropout on the Q-functions' first hidden layer during updates (TD-MPC2:
+    # 0.01; targets and planning never drop), and the encoder's learning rate as a multiple of
+    # `optimizer_lr` (TD-MPC2: 0.3).
+    activation: str = "elu"
+    q_dropout: float = 0.0
+    encoder_lr_scale: float = 1.0
 
     # Planning (MPPI in latent space). `plan_horizon` defaults to `horizon` when null.
     use_mpc: bool = True
@@ -187,6 +204,18 @@ class TDMPCConfig(PolicyConfig):
             raise ConfigError(f"policy.plan_pessimism={self.plan_pessimism} must be >= 0")
         if self.plan_action not in PLAN_ACTIONS:
             raise ConfigError(f"policy.plan_action={self.plan_action!r}: choose one of {PLAN_ACTIONS}")
+        if self.q_scale_stat not in Q_SCALE_STATS:
+            raise ConfigError(f"policy.q_scale_stat={self.q_scale_stat!r}: choose one of {Q_SCALE_STATS}")
+        if self.policy_q_reduction not in Q_REDUCTIONS:
+            raise ConfigError(
+                f"policy.policy_q_reduction={self.policy_q_reduction!r}: choose one of {Q_REDUCTIONS}"
+            )
+        if self.activation not in ACTIVATIONS:
+            raise ConfigError(f"policy.activation={self.activation!r}: choose one of {ACTIVATIONS}")
+        if not 0.0 <= self.q_dropout < 1.0:
+            raise ConfigError(f"policy.q_dropout={self.q_dropout} must be in [0, 1) (TD-MPC2: 0.01)")
+        if self.encoder_lr_scale <= 0:
+            raise ConfigError(f"policy.encoder_lr_scale={self.encoder_lr_scale} must be > 0 (TD-MPC2: 0.3)")
         for key, feat in {**self.input_features, **self.output_features}.items():
             if feat.kind == VISUAL:
                 raise ConfigError(

@@ -73,11 +73,13 @@ class TDMPCPolicy(OnlinePolicy):
             n_q=config.n_q,
             value_bins=config.value_bins,
             stochastic_prior=config.prior_entropy_coeff > 0,
+            activation=config.activation,
+            q_dropout=config.q_dropout,
         )
         # The target network is a frozen EMA copy of the whole model (encoder and Q are what the targets use).
-        self.model_target = copy.deepcopy(self.model).requires_grad_(False)
-        # Running mean |Q|, dividing the policy objective so its gradient scale does not depend on the task's
-        # reward scale.
+        self.model_target = copy.deepcopy(self.model).requires_grad_(False).eval()
+        # Running Q scale (`q_scale_stat`), dividing the policy objective so its gradient scale does not
+        # depend on the task's reward scale.
         self.register_buffer("q_scale", torch.ones(()))
         self.planner = MPPIPlanner(
             PlannerSettings(
@@ -97,6 +99,24 @@ class TDMPCPolicy(OnlinePolicy):
             action_dim=self.action_dim,
             seed=config.planner_seed,
         )
+
+    def train(self, mode: bool = True) -> TDMPCPolicy:
+        """Train or eval mode; the target network stays in eval mode, so TD targets never drop Q units (as
+        TD-MPC2, which computes them in eval mode)."""
+        super().train(mode)
+        self.model_target.eval()
+        return self
+
+    def optimizer_param_groups(self) -> list[dict]:
+        """One group at `optimizer_lr`, or with `encoder_lr_scale != 1` two: the encoder at that multiple of
+        it (TD-MPC2: 0.3) and everything else."""
+        scale = self.config.encoder_lr_scale
+        if scale == 1.0:
+            return super().optimizer_param_groups()
+        encoder = [p for p in self.model.encoder.parameters() if p.requires_grad]
+        encoder_ids = {id(p) for p in encoder}
+        rest = [p for p in self.parameters() if p.requires_grad and id(p) not in encoder_ids]
+        return [{"params": rest}, {"params": encoder, "lr": self.config.optimizer_lr * scale}]
 
     # ----------------------------------------------------------------- acting
     def on_reset(self, env_ids: Tensor | None) -> None:
@@ -185,7 +205,8 @@ class TDMPCPolicy(OnlinePolicy):
         - value: sum over the ensemble of (Q_k(z_t, a_t) - (r_t + discount * (1 - term_t) * V'(o_{t+1})))^2,
           V'(o) = min over `n_q_min` random target Qs of Q'(h(o), pi(h(o))); with `absorbing_terminal` a
           terminated step bootstraps from r_t / (1 - discount) instead of nothing
-        - policy: -min over `n_q_min` random Qs of Q(z_t, pi(z_t)) / q_scale on detached latents, Q frozen;
+        - policy: -min (or mean, `policy_q_reduction`) over `n_q_min` random Qs of Q(z_t, pi(z_t)) / q_scale
+          on detached latents, Q frozen (q_scale: a running statistic of those values, `q_scale_stat`);
           with `prior_entropy_coeff > 0` the action is a draw from the Gaussian prior and the objective
           gains prior_entropy_coeff * action_dim * -log pi(a_t | z_t), the entropy's one-sample estimate;
           with `bc_coeff > 0` plus bc_coeff * (pi(z_t) - a_t)^2 (mean over action dims) on the rows marked
@@ -252,10 +273,11 @@ class TDMPCPolicy(OnlinePolicy):
             pi_actions = self.model.pi(z_pi)  # (B, H+1, A)
         q_pi = self.model.q(z_pi, pi_actions, detach_params=True)  # (n_q, B, H+1)
         subset_pi = torch.randperm(cfg.n_q, device=action.device)[: cfg.n_q_min]
-        q_pi = q_pi[subset_pi].min(dim=0).values
+        q_pi = q_pi[subset_pi]
+        q_pi = q_pi.min(dim=0).values if cfg.policy_q_reduction == "min" else q_pi.mean(dim=0)  # (B, H+1)
         if self.training:
             with torch.no_grad():
-                self.q_scale.lerp_(q_pi.abs().mean().to(self.q_scale.dtype), 1.0 - cfg.q_scale_momentum)
+                self.q_scale.lerp_(self._q_scale_statistic(q_pi), 1.0 - cfg.q_scale_momentum)
         objective = q_pi / self.q_scale.clamp_min(1.0)  # (B, H+1)
         extra = {}
         if stochastic:
@@ -294,6 +316,17 @@ class TDMPCPolicy(OnlinePolicy):
             "td_target_mean": td_target.mean(),
             **extra,
         }
+
+    def _q_scale_statistic(self, q_pi: Tensor) -> Tensor:
+        """This batch's value of the statistic `q_scale` tracks, from the policy's Q values (B, H+1): the mean
+        |Q|, or (TD-MPC2) the 95th minus the 5th percentile over the batch at the first step, at least 1."""
+        q_pi = q_pi.detach().float()
+        if self.config.q_scale_stat == "mean_abs":
+            stat = q_pi.abs().mean()
+        else:
+            low, high = torch.quantile(q_pi[:, 0], q_pi.new_tensor([0.05, 0.95]))
+            stat = (high - low).clamp_min(1.0)
+        return stat.to(self.q_scale.dtype)
 
     @torch.no_grad()
     def update_target(self, tau: float | None = None) -> None:

@@ -79,12 +79,30 @@ class ELU(nn.Module):
         return elu(x)
 
 
-def mlp(in_dim: int, hidden_dims: list[int], out_dim: int, out_act: nn.Module | None = None) -> nn.Sequential:
-    """Linear -> LayerNorm -> ELU for each hidden layer, then a Linear (and `out_act` if given)."""
+ACTIVATIONS = ("elu", "mish")
+
+
+def hidden_activation(name: str) -> nn.Module:
+    """The hidden layers' activation module: "elu" (TD-MPC; `ELU`, fast on CPU) or "mish" (TD-MPC2)."""
+    if name == "elu":
+        return ELU()
+    if name == "mish":
+        return nn.Mish()
+    raise ValueError(f"unknown activation {name!r}: choose one of {ACTIVATIONS}")
+
+
+def mlp(
+    in_dim: int,
+    hidden_dims: list[int],
+    out_dim: int,
+    out_act: nn.Module | None = None,
+    activation: str = "elu",
+) -> nn.Sequential:
+    """Linear -> LayerNorm -> activation for each hidden layer, then a Linear (and `out_act` if given)."""
     layers: list[nn.Module] = []
     dims = [in_dim, *hidden_dims]
     for d_in, d_out in zip(dims[:-1], dims[1:]):
-        layers += [nn.Linear(d_in, d_out), nn.LayerNorm(d_out), ELU()]
+        layers += [nn.Linear(d_in, d_out), nn.LayerNorm(d_out), hidden_activation(activation)]
     layers.append(nn.Linear(dims[-1], out_dim))
     if out_act is not None:
         layers.append(out_act)
@@ -94,9 +112,9 @@ def mlp(in_dim: int, hidden_dims: list[int], out_dim: int, out_act: nn.Module | 
 def mlp_inference(net: nn.Sequential, x: Tensor) -> Tensor:
     """`net(x)` for an `mlp` network, for acting under `torch.no_grad()`: (..., in_dim) -> (..., out_dim).
 
-    The same ATen ops on the same numbers as `net(x)` (bit-identical results), with each ELU applied in place
-    on the LayerNorm output: a hidden layer allocates two tensors instead of three. Not for training: the
-    in-place ELU would overwrite what autograd saves.
+    The same ATen ops on the same numbers as `net(x)` (bit-identical results), with each activation applied
+    in place on the LayerNorm output: a hidden layer allocates two tensors instead of three. Not for training:
+    the in-place activation would overwrite what autograd saves.
     """
     for layer in net:
         if isinstance(layer, nn.Linear):
@@ -105,6 +123,8 @@ def mlp_inference(net: nn.Sequential, x: Tensor) -> Tensor:
             x = F.layer_norm(x, layer.normalized_shape, layer.weight, layer.bias, layer.eps)
         elif isinstance(layer, ELU):
             x = elu_(x)
+        elif isinstance(layer, nn.Mish):
+            x = F.mish(x, inplace=True)
         else:
             x = layer(x)
     return x
@@ -113,15 +133,28 @@ def mlp_inference(net: nn.Sequential, x: Tensor) -> Tensor:
 class QEnsemble(nn.Module):
     """`n` Q-functions Q_k(z, a) evaluated in one batched matmul per layer instead of a Python loop.
 
-    Each member is Linear -> LayerNorm -> ELU (x len(hidden_dims)) -> Linear(out_dim): a scalar Q with
-    `out_dim=1`, the logits of `TwoHot` bins otherwise. Weights are stacked as (n, d_in, d_out).
+    Each member is Linear -> LayerNorm -> activation (x len(hidden_dims)) -> Linear(out_dim): a scalar Q
+    with `out_dim=1`, the logits of `TwoHot` bins otherwise. Weights are stacked as (n, d_in, d_out).
     `forward(..., detach_params=True)` uses detached weights: the policy objective backpropagates through Q
     into the action without training Q itself.
+
+    `dropout > 0` (TD-MPC2: 0.01) drops units of the first hidden layer's output before its LayerNorm, each
+    member independently, in training mode only; `forward_inference` (acting) never drops.
     """
 
-    def __init__(self, n: int, in_dim: int, hidden_dims: list[int], out_dim: int = 1):
+    def __init__(
+        self,
+        n: int,
+        in_dim: int,
+        hidden_dims: list[int],
+        out_dim: int = 1,
+        activation: str = "elu",
+        dropout: float = 0.0,
+    ):
         super().__init__()
         self.n = n
+        self.activation = hidden_activation(activation)
+        self.dropout = dropout
         dims = [in_dim, *hidden_dims, out_dim]
         self.weights = nn.ParameterList()
         self.biases = nn.ParameterList()
@@ -150,19 +183,21 @@ class QEnsemble(nn.Module):
             if detach_params:
                 w, b = w.detach(), b.detach()
             h = member_linear(h, w, b)  # (n, N, d_out)
+            if i == 0 and self.dropout > 0 and self.training:
+                h = F.dropout(h, self.dropout)
             if i < n_layers - 1:
                 g, beta = self.ln_weights[i], self.ln_biases[i]
                 if detach_params:
                     g, beta = g.detach(), beta.detach()
-                h = F.layer_norm(h, h.shape[-1:]) * g.unsqueeze(1) + beta.unsqueeze(1)
-                h = elu(h)
+                h = self.activation(F.layer_norm(h, h.shape[-1:]) * g.unsqueeze(1) + beta.unsqueeze(1))
         return h.reshape(self.n, *batch_shape, h.shape[-1])
 
     def forward_inference(self, x: Tensor) -> Tensor:
         """`forward(x)` for rows x (N, in_dim) -> (n, N, out_dim), for acting under `torch.no_grad()`.
 
-        The same ops as `forward` (bit-identical results), with the LayerNorm affine and the ELU applied in
-        place: a hidden layer allocates two (n, N, d) tensors (matmul, LayerNorm) instead of five.
+        The same ops as `forward` in eval mode (bit-identical results), with the LayerNorm affine and the
+        activation applied in place: a hidden layer allocates two (n, N, d) tensors (matmul, LayerNorm)
+        instead of five.
         """
         h = x.unsqueeze(0).expand(self.n, -1, -1)  # (n, N, in_dim)
         n_layers = len(self.weights)
@@ -171,7 +206,10 @@ class QEnsemble(nn.Module):
             if i < n_layers - 1:
                 h = F.layer_norm(h, h.shape[-1:])
                 h.mul_(self.ln_weights[i].unsqueeze(1)).add_(self.ln_biases[i].unsqueeze(1))
-                elu_(h)
+                if isinstance(self.activation, ELU):
+                    elu_(h)
+                else:
+                    F.mish(h, inplace=True)
         return h
 
 
@@ -299,6 +337,9 @@ class WorldModel(nn.Module):
     `stochastic_prior=False` (TD-MPC): pi is deterministic, tanh of an MLP. True (TD-MPC2): pi_head outputs
     the mean and log-std of a Gaussian squashed by tanh (`pi_sample` draws from it); `pi` is its mean's tanh.
 
+    `activation` is the hidden layers' ("elu": TD-MPC, "mish": TD-MPC2); `q_dropout` the Q ensemble's
+    first-layer dropout (TD-MPC2: 0.01).
+
     `value_bins=0` (TD-MPC): the reward head and each Q output one scalar, learned by squared error.
     `value_bins >= 2` (TD-MPC2): they output `TwoHot` logits, learned by cross-entropy; `reward` and `q`
     decode them, so planning and the policy objective see scalars either way. A head's raw output
@@ -316,20 +357,25 @@ class WorldModel(nn.Module):
         n_q: int,
         value_bins: int = 0,
         stochastic_prior: bool = False,
+        activation: str = "elu",
+        q_dropout: float = 0.0,
     ):
         super().__init__()
         self.action_dim = action_dim
         self.stochastic_prior = stochastic_prior
         self.two_hot = TwoHot(value_bins) if value_bins else None
         n_out = value_bins if value_bins else 1
-        self.encoder = mlp(obs_dim, [enc_dim], latent_dim, SimNorm(simnorm_dim))
-        self.dynamics = mlp(latent_dim + action_dim, [mlp_dim, mlp_dim], latent_dim, SimNorm(simnorm_dim))
-        self.reward_head = mlp(latent_dim + action_dim, [mlp_dim, mlp_dim], n_out)
+        act = activation
+        self.encoder = mlp(obs_dim, [enc_dim], latent_dim, SimNorm(simnorm_dim), act)
+        self.dynamics = mlp(latent_dim + action_dim, [mlp_dim] * 2, latent_dim, SimNorm(simnorm_dim), act)
+        self.reward_head = mlp(latent_dim + action_dim, [mlp_dim] * 2, n_out, activation=act)
         if stochastic_prior:  # mean and log-std before the tanh
-            self.pi_head = mlp(latent_dim, [mlp_dim, mlp_dim], 2 * action_dim)
+            self.pi_head = mlp(latent_dim, [mlp_dim] * 2, 2 * action_dim, activation=act)
         else:
-            self.pi_head = mlp(latent_dim, [mlp_dim, mlp_dim], action_dim, nn.Tanh())
-        self.q_ensemble = QEnsemble(n_q, latent_dim + action_dim, [mlp_dim, mlp_dim], n_out)
+            self.pi_head = mlp(latent_dim, [mlp_dim] * 2, action_dim, nn.Tanh(), act)
+        self.q_ensemble = QEnsemble(
+            n_q, latent_dim + action_dim, [mlp_dim] * 2, n_out, activation=act, dropout=q_dropout
+        )
         # Zero-initialised reward output: predicted rewards start at 0 rather than at random values.
         nn.init.zeros_(self.reward_head[-1].weight)
         nn.init.zeros_(self.reward_head[-1].bias)
