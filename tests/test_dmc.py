@@ -325,3 +325,6 @@ def test_cpu_recipes_change_the_sizes_and_nothing_else(cpu, paper, task):
     for section in ("env", "eval"):
         assert small[section] == full[section]
     assert small["policy"]["schedule_steps"] == 25000 and small["training"]["initial_updates"] == 5000
+    # TD-MPC2's discount for the episode length: 0.99 for DMC's 500 agent steps, 0.95 for MetaWorld's 100.
+    length = full["env"]["max_episode_steps"]
+    assert small["policy"]["discount"] == min(max((length / 5 - 1) / (length / 5), 0.95), 0.995)
