@@ -91,6 +91,13 @@ def hidden_activation(name: str) -> nn.Module:
     raise ValueError(f"unknown activation {name!r}: choose one of {ACTIVATIONS}")
 
 
+def activation_(act: nn.Module, x: Tensor) -> Tensor:
+    """A `hidden_activation` module's function applied to x in place, for acting under `torch.no_grad()`."""
+    if isinstance(act, ELU):
+        return elu_(x)
+    return F.mish(x, inplace=True)
+
+
 def mlp(
     in_dim: int,
     hidden_dims: list[int],
@@ -121,10 +128,8 @@ def mlp_inference(net: nn.Sequential, x: Tensor) -> Tensor:
             x = F.linear(x, layer.weight, layer.bias)
         elif isinstance(layer, nn.LayerNorm):
             x = F.layer_norm(x, layer.normalized_shape, layer.weight, layer.bias, layer.eps)
-        elif isinstance(layer, ELU):
-            x = elu_(x)
-        elif isinstance(layer, nn.Mish):
-            x = F.mish(x, inplace=True)
+        elif isinstance(layer, (ELU, nn.Mish)):
+            x = activation_(layer, x)
         else:
             x = layer(x)
     return x
@@ -206,10 +211,7 @@ class QEnsemble(nn.Module):
             if i < n_layers - 1:
                 h = F.layer_norm(h, h.shape[-1:])
                 h.mul_(self.ln_weights[i].unsqueeze(1)).add_(self.ln_biases[i].unsqueeze(1))
-                if isinstance(self.activation, ELU):
-                    elu_(h)
-                else:
-                    F.mish(h, inplace=True)
+                activation_(self.activation, h)
         return h
 
 
