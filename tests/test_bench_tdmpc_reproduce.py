@@ -13,8 +13,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import tdmpc_reproduce  # noqa: E402
 
 
-def _args(root: Path, size: str = "cpu") -> argparse.Namespace:
-    return argparse.Namespace(root=str(root), size=size, seeds=[1], runs=list(tdmpc_reproduce.RUNS))
+def _args(root: Path, size: str = "cpu", overrides=(), tag: str = "") -> argparse.Namespace:
+    return argparse.Namespace(
+        root=str(root), size=size, seeds=[1], runs=list(tdmpc_reproduce.RUNS), set=list(overrides), tag=tag
+    )
 
 
 @pytest.mark.parametrize("size", ["cpu", "paper"])
@@ -57,3 +59,34 @@ def test_a_figure_matches_within_ten_percent_or_inside_the_seeds_spread():
     assert tdmpc_reproduce.verdict(740.0, 832.2, (734.1, 934.0)) == "740.0 (0.89x): match"
     assert tdmpc_reproduce.verdict(700.0, 832.2, (734.1, 934.0)) == "700.0 (0.84x): short"
     assert tdmpc_reproduce.verdict(100.0, 63.0, None) == "100.0 (1.59x): above"
+
+
+def test_a_variant_trains_with_its_overrides_in_its_own_directory_and_report_files(
+    tmp_path, monkeypatch, capsys
+):
+    args = _args(tmp_path, overrides=["training.per_alpha=0.6"], tag="per")
+    cfg = compose_config(tdmpc_reproduce._command(args, "mw_push", 1)[2:])
+    assert cfg.training.per_alpha == 0.6 and cfg.env.task == "push-v3"
+    assert cfg.output_dir == str(tmp_path / "cpu-per" / "mw_push_s1")
+
+    run_dir = tmp_path / "cpu-per" / "mw_push_s1"
+    run_dir.mkdir(parents=True)
+    rows = [{"split": "train", "step": 100_000, "train_time_s": 3600.0}]
+    rows.append({"split": "eval", "step": 100_000, "pc_success": 60.0})
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for attr, file in {
+        "RESULTS_FILE": "r.json",
+        "PLOT_FILE": "steps.png",
+        "HOURS_PLOT_FILE": "hours.png",
+    }.items():
+        monkeypatch.setattr(tdmpc_reproduce, attr, tmp_path / file)
+    tdmpc_reproduce.report(args)
+    assert not (tmp_path / "r.json").exists()  # the recipes' report is left alone
+    out = json.loads((tmp_path / "r_per.json").read_text())
+    assert out["overrides"] == ["training.per_alpha=0.6"] and list(out["runs"]) == ["mw_push_s1"]
+    assert (tmp_path / "steps_per.png").exists() and (tmp_path / "hours_per.png").exists()
+    # TD-MPC's published success (mean of 3 seeds: 80, 20, 60) with TD-MPC2's beside it; 60 is in the seeds' spread.
+    assert (
+        "| mw_push_s1 | 53.3 (TD-MPC2: 63.3) | 100k: 60 | 1.00 | 60.0 (1.13x): match |"
+        in capsys.readouterr().out
+    )
