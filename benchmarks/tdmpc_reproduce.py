@@ -220,15 +220,13 @@ def report(args: argparse.Namespace) -> None:
     )
     print("|---|---|---|---|---|")
     for key, r in runs.items():
-        curve, metric = r["curve"], r["metric"]
+        curve, metric, name = r["curve"], r["metric"], key.rsplit("_s", 1)[0]
         points = ", ".join(f"{c['step'] // 1000}k: {c[metric]:.0f}" for c in curve)
         hours = curve[-1]["train_hours"]
         final = [c[metric] for c in curve if c["step"] == STEPS]
-        at_100k = (
-            verdict(final[0], r["published"], SEED_SPREAD.get(key.rsplit("_s", 1)[0])) if final else "running"
-        )
+        at_100k = verdict(final[0], r["published"], SEED_SPREAD.get(name)) if final else "running"
         hours_text = f"{hours:.2f}" if hours is not None else "?"
-        tdmpc2 = TDMPC2_AT_100K.get(key.rsplit("_s", 1)[0])
+        tdmpc2 = TDMPC2_AT_100K.get(name)
         published = f"{r['published']:.1f}" + (f" (TD-MPC2: {tdmpc2:.1f})" if tdmpc2 is not None else "")
         print(f"| {key} | {published} | {points} | {hours_text} | {at_100k} |")
     print(f"wrote {results_file}, {plot_file} and {hours_plot_file}")
