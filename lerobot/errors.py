@@ -19,6 +19,11 @@ class DatasetError(ValueError):
     """A dataset file is missing something or is malformed; the message names the file and the problem."""
 
 
+class DatasetExistsError(DatasetError):
+    """The directory a dataset is to be written to exists already (made before, or by another writer while
+    this one wrote); nothing of it was changed."""
+
+
 class DatasetNotFoundError(FileNotFoundError):
     """No dataset could be found or fetched; the message says where to put it or what to configure."""
 
@@ -55,6 +60,15 @@ class CheckpointError(RuntimeError):
 
 class NonFiniteWeightsError(CheckpointError):
     """Weights hold NaN or infinite values (the training diverged): they are neither saved nor loaded."""
+
+
+class UnsafeCheckpointError(CheckpointError):
+    """A checkpoint file holds Python objects that loading would have to run (not only tensors and plain
+    containers): it is not loaded. `refused` names the first such object."""
+
+    def __init__(self, message: str, refused: str):
+        super().__init__(message)
+        self.refused = refused
 
 
 class ChecksumError(RuntimeError):

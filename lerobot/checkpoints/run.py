@@ -47,6 +47,7 @@ from lerobot.checkpoints.hub import (
     write_weights,
 )
 from lerobot.checkpoints.space import checkpoint_bytes
+from lerobot.checkpoints.training_state import TRAINING_STATE_FILE, safe_load_state
 from lerobot.config import (
     PolicyConfig,
     config_differences,
@@ -75,7 +76,6 @@ log = logging.getLogger(__name__)
 
 MODEL_FILE = "model.safetensors"
 CONFIG_FILE = "config.yaml"
-TRAINING_STATE_FILE = "training_state.pt"
 DATA_FINGERPRINT_FILE = "data_fingerprint.json"
 CHECKPOINTS_DIR = "checkpoints"
 LAST_LINK = "last"
@@ -719,15 +719,16 @@ def read_data_fingerprint(ckpt_dir: Path) -> dict[str, Any] | None:
 
 
 def load_training_state(ckpt_dir: Path) -> dict[str, Any]:
-    """The optimizer/scheduler/EMA/RNG/step state saved next to the weights, verified and checked finite."""
+    """The optimizer/scheduler/EMA/RNG/step state saved next to the weights, verified and checked finite.
+
+    It is read with `torch.load(weights_only=True)`: tensors and plain containers only, so a crafted file
+    cannot run code (`safe_load_state`).
+    """
     path = Path(ckpt_dir) / TRAINING_STATE_FILE
     if not path.exists():
         raise CheckpointError(f"cannot resume from {ckpt_dir}: {TRAINING_STATE_FILE} is missing")
     _verified(ckpt_dir, TRAINING_STATE_FILE)
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as e:
-        raise CheckpointError(f"{path} is corrupt ({e}); {other_checkpoints_hint(ckpt_dir)}") from None
+    state = safe_load_state(path, other_checkpoints_hint(ckpt_dir))
     weights = dict(state.get("model") or {})
     ema = state.get("ema") or {}
     weights.update({f"ema.shadow_params.{i}": t for i, t in enumerate(ema.get("shadow_params", []))})
