@@ -16,11 +16,13 @@ on top of whichever recipe is composed. `$LEROBOT_RECIPE` sets the default of `r
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from lerobot import distributed
@@ -48,11 +50,24 @@ class RecipeChoice:
     line: str | None
 
 
+# A defaults-list entry that picks a group's option, as it reads in the file's text.
+_PICKED = re.compile(r"^\s*-\s*override\s+/(policy|env)\s*:\s*([\w.-]+)\s*$", re.MULTILINE)
+
+
 def recipe_choices(path: Path) -> tuple[str | None, str | None]:
     """`(policy, env)` that the recipe file `path` picks in its defaults list (`override /policy: NAME`,
-    `override /env: NAME`); None for one it leaves as the command says."""
+    `override /env: NAME`); None for one it leaves as the command says.
+
+    A file that is not valid YAML is read for those two lines as text: its syntax error must stop the runs
+    that compose it (composing says where) and not every run that looks for a recipe.
+    """
+    try:
+        entries = OmegaConf.load(path).get("defaults", []) or []
+    except yaml.YAMLError:
+        picked = dict(match.groups() for match in _PICKED.finditer(path.read_text(errors="replace")))
+        return picked.get("policy"), picked.get("env")
     picked: dict[str, str] = {}
-    for entry in OmegaConf.load(path).get("defaults", []) or []:
+    for entry in entries:
         if isinstance(entry, Mapping):
             for key, value in entry.items():
                 picked[str(key).removeprefix("override").strip().lstrip("/")] = str(value)
