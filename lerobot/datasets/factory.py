@@ -12,6 +12,7 @@ DataLoader (generator state, iterator position) needs to be saved: the checkpoin
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,11 +24,13 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from lerobot.config import DatasetConfig, EnvConfig, FeatureConfig
 from lerobot.constants import ACTION, TASK, VISUAL
 from lerobot.datasets.episode_dataset import EpisodeDataset, collate_batch
-from lerobot.datasets.format import META_FILE, read_meta
+from lerobot.datasets.format import META_FILE, feature_file, read_meta
 from lerobot.datasets.lerobot_import import LEROBOT_FORMAT, prepare_lerobot
 from lerobot.datasets.pusht_import import prepare_pusht
 from lerobot.errors import ConfigError
 from lerobot.runtime.signals import ignore_stop_signals
+
+log = logging.getLogger(__name__)
 
 SPLITS = ("train", "val")
 
@@ -112,6 +115,7 @@ def make_dataset(
     delta_timestamps: Mapping[str, Sequence[float]] | None = None,
     split: str = "train",
     keys: Sequence[str] | None = None,
+    tasks: Sequence[str] | None = None,
 ) -> EpisodeDataset:
     """The offline dataset of the env's task, restricted to the env's features and one split.
 
@@ -124,6 +128,9 @@ def make_dataset(
         delta_timestamps: feature -> offsets in seconds (see `EpisodeDataset`).
         split: "train" or "val". Both use statistics of the training episodes.
         keys: extra features to load, e.g. `next.reward`, `next.done` for RL.
+        tasks: the tasks to train on (the names `env.task` resolves to): only their episodes are kept, as the
+            env's task feature reads them (`episodes_of_tasks`), and the split is drawn among those. None keeps
+            every episode.
     """
     if split not in SPLITS:
         raise ConfigError(f"split={split!r}: expected one of {SPLITS}")
@@ -153,7 +160,11 @@ def make_dataset(
             )
     if env_cfg.fps != probe.fps:
         raise ConfigError(f"env.fps={env_cfg.fps} but the dataset at {root} was recorded at {probe.fps} fps")
-    train, val = split_episodes(probe.meta["num_episodes"], dataset_cfg.val_fraction, dataset_cfg.split_seed)
+    kept = (
+        np.arange(probe.num_episodes) if tasks is None else episodes_of_tasks(probe, derived, env_cfg, tasks)
+    )
+    train, val = split_episodes(len(kept), dataset_cfg.val_fraction, dataset_cfg.split_seed)
+    train, val = kept[train].tolist(), kept[val].tolist()
     if split == "val" and not val:
         raise ConfigError("split='val' needs dataset.val_fraction > 0")
     return EpisodeDataset(
@@ -164,6 +175,59 @@ def make_dataset(
         stats_episodes=train,
         derived=derived,
     )
+
+
+def episodes_of_tasks(
+    dataset: EpisodeDataset, derived: Mapping[str, np.ndarray], env_cfg: EnvConfig, tasks: Sequence[str]
+) -> np.ndarray:
+    """The episodes of `dataset` (all of its episodes) whose task is one of `tasks`, sorted.
+
+    An episode's task is its first frame's id in the env's task feature (one with a vocabulary, `names`),
+    stored or `derived` (`task_ids`). Episodes of other tasks are left out (logged); a task of `tasks` that no
+    episode has is a `ConfigError` naming it. Without such a feature every episode is kept (a warning).
+    """
+    found = [
+        (key, feature) for key, feature in env_cfg.features.items() if feature.kind == TASK and feature.names
+    ]
+    everything = np.arange(dataset.num_episodes)
+    if not found:
+        log.warning(
+            "env %r declares no task feature with names (a vocabulary), so the episodes' tasks are not known: "
+            "training on every episode of %s",
+            env_cfg.name,
+            dataset.root,
+        )
+        return everything
+    key, feature = found[0]
+    ids = derived[key] if key in derived else np.load(feature_file(dataset.root, key), mmap_mode="r")
+    # `dataset` holds every episode, so its item indices are the dataset's frames.
+    starts = [start for start, _ in dataset.episode_ranges]
+    names = list(feature.names)
+    episode_tasks = [
+        names[i] if 0 <= i < len(names) else f"id {i}" for i in np.asarray(ids[starts]).astype(int)
+    ]
+    have = sorted(set(episode_tasks))
+    source = dataset.meta.get("source", {}).get(
+        "path", dataset.root
+    )  # the user's dataset, not its conversion
+    lacking = [task for task in tasks if task not in have]
+    if lacking:
+        them = "it" if len(lacking) == 1 else "them"
+        raise ConfigError(
+            f"env.task names {', '.join(lacking)}, but the dataset at {source} holds no episode of {them} "
+            f"(its tasks: {', '.join(have)}); drop {them} from env.task or train on data that has {them}"
+        )
+    kept = everything[[task in tasks for task in episode_tasks]]
+    if len(kept) < len(everything):
+        left_out = sorted(set(episode_tasks) - set(tasks))
+        log.info(
+            "training on the %d of %d episodes of %s whose task env.task names; left out: the episodes of %s",
+            len(kept),
+            len(everything),
+            source,
+            ", ".join(left_out),
+        )
+    return kept
 
 
 def task_ids(meta: Mapping[str, Any], key: str, feature: FeatureConfig, root: Path) -> np.ndarray:

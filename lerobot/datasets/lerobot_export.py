@@ -52,7 +52,7 @@ from lerobot.datasets.lerobot_format import (
     V30,
     VIDEO_PATH,
 )
-from lerobot.errors import DatasetError
+from lerobot.errors import DatasetError, DatasetExistsError
 from lerobot.runtime.files import TemporaryDir, remove_stale_temporary_dirs, write_json
 
 log = logging.getLogger(__name__)
@@ -195,7 +195,9 @@ def export_lerobot_dataset(
         overwrite: replace an existing `out_dir`.
 
     Raises:
-        DatasetError: `out_dir` exists (without `overwrite`), or a feature has a shape LeRobot cannot store.
+        DatasetExistsError: `out_dir` exists (without `overwrite`), before the export or made by another
+            writer while this one wrote (that one's directory is kept).
+        DatasetError: a feature has a shape LeRobot cannot store.
     """
     src, out_dir = Path(converted_dir), Path(out_dir)
     removed, freed = remove_stale_temporary_dirs(out_dir)
@@ -208,10 +210,9 @@ def export_lerobot_dataset(
         )
     meta = read_meta(src)
     task = task or meta.get("name", "task")
+    exists = f"{out_dir}: already exists; choose another directory or pass overwrite (--overwrite)"
     if out_dir.exists() and not overwrite:
-        raise DatasetError(
-            f"{out_dir}: already exists; choose another directory or pass overwrite (--overwrite)"
-        )
+        raise DatasetExistsError(exists)
     fps, ends = int(meta["fps"]), np.asarray(meta["episode_ends"], dtype=np.int64)
     starts = np.concatenate([[0], ends[:-1]])
     num_episodes, num_frames = len(ends), int(ends[-1])
@@ -278,7 +279,10 @@ def export_lerobot_dataset(
             "features": _info_features(features, video_keys, fps, encoding),
         }
         write_json(tmp / INFO_PATH, info, indent=1, fsync=True)
-        writing.install()
+        try:
+            writing.install(replace=overwrite)
+        except FileExistsError:  # another writer made `out_dir` meanwhile
+            raise DatasetExistsError(exists) from None
     return out_dir
 
 

@@ -24,12 +24,17 @@ frames.
 Everything malformed is a `DatasetError` (or `DatasetNotFoundError`) of one line naming the file and the
 problem. Video frames are matched to the timestamps rows ask for within `TOLERANCE_S`, as LeRobot's
 loader does (`tolerance_s=1e-4`).
+
+A dataset may come from anyone: the paths that `info.json`'s `data_path` and `video_path` templates give must
+lie inside the dataset directory (no absolute path, no `..` out of it: `template_path`), and a feature name,
+which names a file of the conversion, holds no `/`.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import string
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +45,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from lerobot.errors import DatasetError, DatasetNotFoundError
+from lerobot.runtime.files import path_within
 
 V30, V21 = "v3.0", "v2.1"
 SUPPORTED_VERSIONS = (V30, V21)
@@ -242,6 +248,14 @@ def open_lerobot_dataset(root: Path | str) -> LeRobotSource:
     if not isinstance(fps, int) or fps <= 0:
         raise DatasetError(f"{info_path}: fps={fps!r}, expected a positive integer")
     features = info["features"]
+    if not isinstance(features, dict):
+        raise DatasetError(f"{info_path}: features is a {type(features).__name__}, expected name -> feature")
+    for key in features:
+        if "/" in key or "\0" in key:  # the conversion writes feature `key` to `<key>.npy`
+            raise DatasetError(
+                f"{info_path}: feature name {key!r} holds a '/' (or NUL); a feature name is a file name of "
+                "the conversion: rename the feature"
+            )
     if version == V30:
         episodes, stats = _v30_episodes(root, info), _v30_stats(root)
     else:
@@ -264,6 +278,43 @@ def open_lerobot_dataset(root: Path | str) -> LeRobotSource:
     return source
 
 
+def template_path(
+    root: Path, info: dict[str, Any], key: str, default: str | None = None, **fields: Any
+) -> Path:
+    """The file that `info.json`'s path template `key` (`data_path`, `video_path`) names for `fields`.
+
+    The template may use only the names in `fields` (no attribute or index lookups), and the path it gives
+    must lie inside `root`: a dataset from elsewhere cannot make the import read (or name) files outside it.
+    `default`: the template when `info.json` has none (null or absent).
+
+    Raises:
+        DatasetError: the template is no string, uses other fields or a bad format, or leads out of `root`.
+    """
+    template = info.get(key) or default
+    where = f"{root / INFO_PATH}: {key}={template!r}"
+    if not isinstance(template, str):
+        raise DatasetError(f"{where} is not a path template (a string such as {default or DATA_PATH!r})")
+    try:
+        names = {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
+    except ValueError as e:  # an unbalanced brace
+        raise DatasetError(f"{where} is not a valid path template ({e})") from None
+    if not names <= fields.keys():  # `{0}`, `{chunk_index.__class__}`: a lookup, not a field
+        raise DatasetError(
+            f"{where} uses {sorted(names - fields.keys())}; a {key} template may use only {sorted(fields)}"
+        )
+    try:
+        relative = template.format(**fields)
+    except (ValueError, TypeError, LookupError, AttributeError) as e:  # a bad format spec: `{chunk_index:s}`
+        raise DatasetError(f"{where} is not a valid path template ({type(e).__name__}: {e})") from None
+    path = path_within(root, relative)
+    if path is None:
+        raise DatasetError(
+            f"{where} names {relative!r}, outside the dataset directory {root}; a {key} template is a "
+            "relative path inside the dataset (LeRobot writes such): fix info.json or get the dataset again"
+        )
+    return path
+
+
 def _v30_episodes(root: Path, info: dict[str, Any]) -> list[EpisodeRef]:
     files = sorted((root / EPISODES_DIR).glob("*/*.parquet"))
     if not files:
@@ -272,19 +323,25 @@ def _v30_episodes(root: Path, info: dict[str, Any]) -> list[EpisodeRef]:
     columns = ["episode_index", "length", "data/chunk_index", "data/file_index"]
     for key in video_keys:
         columns += [f"videos/{key}/chunk_index", f"videos/{key}/file_index", f"videos/{key}/from_timestamp"]
-    data_template = info.get("data_path", DATA_PATH)
-    video_template = info.get("video_path") or VIDEO_PATH
     episodes = []
     for path in files:
         table = read_parquet(path, columns).to_pydict()
         for row in range(len(table["episode_index"])):
-            data_path = root / data_template.format(
-                chunk_index=table["data/chunk_index"][row], file_index=table["data/file_index"][row]
+            data_path = template_path(
+                root,
+                info,
+                "data_path",
+                DATA_PATH,
+                chunk_index=table["data/chunk_index"][row],
+                file_index=table["data/file_index"][row],
             )
             videos = {
                 key: VideoRef(
-                    root
-                    / video_template.format(
+                    template_path(
+                        root,
+                        info,
+                        "video_path",
+                        VIDEO_PATH,
                         video_key=key,
                         chunk_index=table[f"videos/{key}/chunk_index"][row],
                         file_index=table[f"videos/{key}/file_index"][row],
@@ -312,10 +369,13 @@ def _v21_episodes(root: Path, info: dict[str, Any]) -> list[EpisodeRef]:
             raise DatasetError(f"{root / LEGACY_EPISODES_PATH}: a line lacks episode_index or length: {row}")
         index = int(row["episode_index"])
         chunk = index // chunks_size
-        data_path = root / info["data_path"].format(episode_chunk=chunk, episode_index=index)
+        data_path = template_path(root, info, "data_path", episode_chunk=chunk, episode_index=index)
         videos = {
             key: VideoRef(
-                root / info["video_path"].format(episode_chunk=chunk, video_key=key, episode_index=index), 0.0
+                template_path(
+                    root, info, "video_path", episode_chunk=chunk, video_key=key, episode_index=index
+                ),
+                0.0,
             )
             for key in video_keys
         }

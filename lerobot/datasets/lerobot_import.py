@@ -3,7 +3,9 @@
 `dataset.format=lerobot` (implied by `dataset.repo_id=...`): `prepare_lerobot` finds the dataset directory,
 converts it once into `<cache>/lerobot_datasets/<repo_id>/v1/` (the memory-mapped format of
 `lerobot.datasets.format`, as the PushT zarr importer does) and returns that directory. Training then reads
-numpy arrays: no video is decoded while training.
+numpy arrays: no video is decoded while training. The repo id names directories, so it must be a hub id
+`<owner>/<name>` (`lerobot.config.check_repo_id`), and every directory derived from it lies under its root
+(`repo_dir`): no id can make the conversion replace a directory elsewhere.
 
 Where the LeRobotDataset comes from (first match wins):
 
@@ -41,7 +43,7 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import save_file
 
-from lerobot.config import DatasetConfig
+from lerobot.config import DatasetConfig, check_repo_id
 from lerobot.constants import ACTION, ACTION_KIND, ENV_STATE, OBS_ENV_STATE, OBS_STATE, STATE, VISUAL
 from lerobot.datasets.conversion import write_conversion
 from lerobot.datasets.format import (
@@ -78,7 +80,7 @@ from lerobot.datasets.lerobot_format import (
 )
 from lerobot.datasets.pusht_import import default_cache_dir
 from lerobot.errors import ConfigError, DatasetError, DatasetNotFoundError
-from lerobot.runtime.files import write_json
+from lerobot.runtime.files import path_within, write_json
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +110,7 @@ def find_lerobot_source(dataset_cfg: DatasetConfig) -> Path:
     """The directory of the LeRobotDataset `dataset_cfg` names (see the module docstring for the order).
 
     Raises:
-        ConfigError: neither `dataset.root` nor `dataset.repo_id` is set.
+        ConfigError: neither `dataset.root` nor `dataset.repo_id` is set, or the repo id is no hub id.
         DatasetNotFoundError: `dataset.root` holds no dataset, or it is neither local nor downloadable.
     """
     if dataset_cfg.root:
@@ -130,10 +132,24 @@ def find_lerobot_source(dataset_cfg: DatasetConfig) -> Path:
         raise ConfigError(
             "dataset.format=lerobot needs dataset.repo_id (e.g. lerobot/pusht) or dataset.root=DIR"
         )
-    local = lerobot_home() / repo_id
+    local = repo_dir(lerobot_home(), repo_id)
     if (local / INFO_PATH).is_file():
         return local
     return _hub_snapshot(repo_id, dataset_cfg.revision or DEFAULT_REVISION, local)
+
+
+def repo_dir(root: Path, repo_id: str) -> Path:
+    """`root/<repo_id>`, the directory of dataset `repo_id` under `root` (LeRobot's home, the conversions'
+    cache); a repo id that is no hub id `<owner>/<name>` is a `ConfigError` (`check_repo_id`).
+
+    Raises:
+        ConfigError: the repo id is malformed, or the directory would not lie inside `root`.
+    """
+    check_repo_id(repo_id)
+    path = path_within(root, repo_id)
+    if path is None:  # checked apart from the id's rule: a path derived from a setting stays under its root
+        raise ConfigError(f"dataset.repo_id={repo_id!r} names a directory outside {root}; use <owner>/<name>")
+    return path
 
 
 def _hub_snapshot(repo_id: str, revision: str, local: Path) -> Path:
@@ -175,11 +191,18 @@ def image_size_of(dataset_cfg: DatasetConfig) -> tuple[int, int] | None:
 
 def converted_dir(dataset_cfg: DatasetConfig, source: Path) -> Path:
     """`<cache>/lerobot_datasets/<repo_id>/v1` (`v1-<h>x<w>` with `dataset.image_size`); a `dataset.root`
-    without a repo_id is keyed by its path."""
-    name = dataset_cfg.repo_id or f"local/{hashlib.sha256(str(source.resolve()).encode()).hexdigest()[:16]}"
+    without a repo_id is keyed by its path.
+
+    Raises:
+        ConfigError: `dataset.repo_id` is no hub id `<owner>/<name>` (`repo_dir`).
+    """
+    cache = default_cache_dir(dataset_cfg) / "lerobot_datasets"
+    if dataset_cfg.repo_id:
+        converted = repo_dir(cache, dataset_cfg.repo_id)
+    else:
+        converted = cache / "local" / hashlib.sha256(str(source.resolve()).encode()).hexdigest()[:16]
     size = image_size_of(dataset_cfg)
-    version = CONVERTED_NAME if size is None else f"{CONVERTED_NAME}-{size[0]}x{size[1]}"
-    return default_cache_dir(dataset_cfg) / "lerobot_datasets" / name / version
+    return converted / (CONVERTED_NAME if size is None else f"{CONVERTED_NAME}-{size[0]}x{size[1]}")
 
 
 def prepare_lerobot(dataset_cfg: DatasetConfig) -> Path:

@@ -16,7 +16,9 @@ them (`remove_stale_recordings`).
 
 A full disk does not cost the evaluation: the recorder stops recording at the first episode that does not
 fit, frees what it spilled and keeps the error (`EpisodeRecorder.error`), which `write` raises; the
-evaluation's own figures are written all the same.
+evaluation's own figures are written all the same. Nor does another recording into the same `DIR` that
+finished first: its dataset is kept (the export never replaces a `DIR` that appeared meanwhile; `write`
+raises `DatasetExistsError`), and so are this evaluation's figures.
 """
 
 from __future__ import annotations

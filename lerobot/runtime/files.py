@@ -62,6 +62,22 @@ log = logging.getLogger(__name__)
 NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT})
 
 
+def path_within(root: Path | str, relative: str | Path) -> Path | None:
+    """`root / relative` (`relative` with its `.` and `..` folded), when that lies strictly inside `root`;
+    None when it does not (an absolute `relative`, one whose `..` climb out, one that names `root` itself).
+
+    The test is on the names alone: symbolic links inside `root` are followed when the path is opened, as
+    they must be for the huggingface_hub cache, whose snapshot files link to blobs outside the snapshot.
+    """
+    if Path(relative).is_absolute():
+        return None
+    base = os.path.normpath(root)
+    joined = os.path.normpath(os.path.join(base, relative))
+    if joined == base or os.path.commonpath([base, joined]) != base:
+        return None
+    return Path(root) / os.path.relpath(joined, base)  # `root` as the caller spells it
+
+
 def temporary_sibling(path: Path) -> Path:
     """A fresh hidden name beside `path` (same folder, same suffix) for writing it atomically."""
     return path.with_name(f".{path.stem}.{os.getpid()}-{secrets.token_hex(4)}.tmp{path.suffix}")
@@ -221,17 +237,24 @@ class TemporaryDir:
             raise
         return self
 
-    def install(self) -> None:
-        """Rename the finished directory to `final`, replacing a directory there.
+    def install(self, replace: bool = True) -> None:
+        """Rename the finished directory to `final`, replacing a directory there; with `replace=False` a
+        `final` that another writer filled meanwhile is kept and `FileExistsError` raised (the rename itself
+        refuses a non-empty directory, so two writers racing for `final` cannot both win).
 
         The lock file is removed first (it is no part of the result), but the lock stays held until the
         rename is done: a cleaner that opened the file before sees a live writer, one that comes after finds
         a directory without a lock file changed a moment ago, which it leaves alone too.
         """
         (self.path / WRITER_LOCK_FILE).unlink()
-        if self.final.exists():
+        if replace and self.final.exists():
             shutil.rmtree(self.final)
-        os.rename(self.path, self.final)
+        try:
+            os.rename(self.path, self.final)
+        except OSError as e:
+            if replace or e.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR):
+                raise
+            raise FileExistsError(errno.EEXIST, "exists already", str(self.final)) from None
 
     def __exit__(self, *exc_info: object) -> None:
         self._close()
