@@ -9,6 +9,7 @@ resolved, including the `policy` section (validated by the chosen policy's own d
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -32,6 +33,11 @@ DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?|mps")
 # Values `recipe` accepts (the rule: `lerobot.cli.recipes`), and the environment variable holding its default.
 RECIPES = ("auto", "cpu", "paper")
 RECIPE_ENV = "LEROBOT_RECIPE"
+# `dataset.repo_id`: `<owner>/<name>`, each part of letters, digits, `_`, `-` and `.` that starts and ends
+# with a letter, digit or `_` (the hub's rule); with no `..` or `--` in it (`check_repo_id`).
+REPO_ID_PATTERN = re.compile(r"(?!.*(\.\.|--))[\w](?:[\w.-]*\w)?/[\w](?:[\w.-]*\w)?", re.ASCII)
+# `env.name`: one file name (it names the default run and evaluation directories, `<time>_<env>_<policy>`).
+ENV_NAME_PATTERN = re.compile(r"\w[\w.-]*", re.ASCII)
 
 
 @dataclass
@@ -102,7 +108,8 @@ class DatasetConfig:
     # $LEROBOT_DATA_ROOT, then to a download into `cache_dir`). lerobot: the LeRobotDataset directory itself
     # (holds meta/info.json); null: `$HF_LEROBOT_HOME/<repo_id>`, then the huggingface_hub cache / a download.
     root: str | None = None
-    # LeRobotDataset on the Hugging Face hub, e.g. `lerobot/pusht` (docs/lerobot_dataset.md).
+    # LeRobotDataset on the Hugging Face hub, e.g. `lerobot/pusht` (docs/lerobot_dataset.md): `<owner>/<name>`
+    # (`check_repo_id`), which also names its directories under `$HF_LEROBOT_HOME` and `cache_dir`.
     repo_id: str | None = None
     # Hub revision of `repo_id`; null: `v3.0`, the tag LeRobot 0.4-0.6 loads.
     revision: str | None = None
@@ -191,10 +198,11 @@ class EvalConfig:
     """Batched evaluation: how many episodes, over how many envs at once."""
 
     n_episodes: int = 50
-    # Number of envs stepped at once.
-    batch_size: int = 50
-    # auto | true | false: "auto" times sync and async stepping of this env once per machine and picks
-    # the faster (see `lerobot.envs.resolve_use_async`).
+    # Number of envs stepped at once; auto: what fits the machine's memory, at most 50 (one line at start-up
+    # says how many; `lerobot.envs.factory.plan_vector_env`).
+    batch_size: int | str = "auto"
+    # auto | true | false: "auto" is sync below 3 cores, else it times sync and async stepping of this env
+    # once per machine and picks the faster (see `lerobot.envs.resolve_use_async`).
     use_async_envs: str = "auto"
     # Episodes saved as mp4 videos.
     max_episodes_rendered: int = 4
@@ -203,17 +211,21 @@ class EvalConfig:
     # Evaluate every `freq` training steps (0 disables periodic evaluation).
     freq: int = 10_000
     # Async envs: seconds after which a step (or reset, or render) that has not returned fails (a hung
-    # worker), enforced by a watchdog thread at no cost per step. 120: 40 times the slowest real step seen
-    # (a Meta-World step with a 480x480 software render on a busy 2-core CPU, 3 s). null waits forever; a
-    # dead worker fails at once either way.
+    # worker), enforced by a watchdog thread at no cost per step; the online trainer's collection steps too
+    # (`training.use_async_envs`), which then save a checkpoint of the last step completed. 120: 40 times the
+    # slowest real step seen (a Meta-World step with a 480x480 software render on a busy 2-core CPU, 3 s).
+    # null waits forever; a dead worker fails at once either way.
     step_timeout_s: float | None = 120.0
     # When a slot whose episode ended starts the next one: refill_aligned (at the other slots' next chunk
     # step, so chunk predictions stay batched), refill (at once) or batch (fixed batches). Same episodes.
     schedule: str = "refill_aligned"
     # A directory to write the evaluated episodes into, as a LeRobotDataset v3.0 (observations, actions,
-    # rewards, success and done flags, episode seeds; cameras as videos): `dataset.repo_id=<any name>
+    # rewards, success and done flags, episode seeds; cameras as videos): `dataset.repo_id=<owner>/<name>
     # dataset.root=<it>` trains on it. It must not exist yet; null records nothing (docs/evaluation.md).
     record_dataset: str | None = None
+    # Evaluate a checkpoint on tasks (env.task) its run was not trained on. false: refused, in one line naming
+    # them; true: evaluated, and labelled in eval_info.json (`tasks_not_trained_on`) and on the console.
+    allow_untrained_tasks: bool = False
 
 
 # What `inference.dtype` accepts (the torch dtypes of the same names).
@@ -481,6 +493,11 @@ def validate_config(cfg: DictConfig | dict) -> DictConfig:
     rest = OmegaConf.to_container(cfg) if isinstance(cfg, DictConfig) else dict(cfg)
     rest.pop("policy", None)
     merged = merge_schema(RootConfig, rest, "config")
+    if not ENV_NAME_PATTERN.fullmatch(str(merged.env.name)):
+        raise ConfigError(
+            f"env.name={merged.env.name!r} is not a plain name (letters, digits, '_', '-', '.'): it names "
+            "the run's directory (<time>_<env>_<policy>); pick one without '/'"
+        )
     for key, feat in merged.env.features.items():
         if feat.kind not in FEATURE_KINDS:
             raise ConfigError(f"env.features.{key}.kind={feat.kind!r}: expected one of {FEATURE_KINDS}")
@@ -499,10 +516,12 @@ def validate_config(cfg: DictConfig | dict) -> DictConfig:
         raise ConfigError(
             f"eval.step_timeout_s={merged.eval.step_timeout_s} must be a positive number or null"
         )
+    _check_online_rates(merged.training)
     if merged.eval.schedule not in EVAL_SCHEDULES:
         raise ConfigError(
             f"eval.schedule={merged.eval.schedule!r}: expected one of {', '.join(EVAL_SCHEDULES)}"
         )
+    _check_eval_batch_size(merged)
     for key in ("eval.use_async_envs", "training.resume", "training.use_amp"):
         value = str(OmegaConf.select(merged, key)).lower()
         if value not in ("auto", "true", "false"):
@@ -512,8 +531,24 @@ def validate_config(cfg: DictConfig | dict) -> DictConfig:
         raise ConfigError(f"device={merged.device!r}: expected auto, cpu, cuda, cuda:N or mps")
     if merged.recipe not in RECIPES:
         raise ConfigError(f"recipe={merged.recipe}: expected one of {', '.join(RECIPES)}")
+    if merged.dataset.repo_id is not None:
+        check_repo_id(merged.dataset.repo_id)
     OmegaConf.to_object(merged.inference).validate()
     return merged
+
+
+def check_repo_id(repo_id: str) -> None:
+    """Raise `ConfigError` unless `dataset.repo_id` is a hub id `<owner>/<name>` (`REPO_ID_PATTERN`).
+
+    The id names directories (`$HF_LEROBOT_HOME/<repo_id>`, `<cache_dir>/lerobot_datasets/<repo_id>`), so an
+    absolute path, a `..` or an empty part would put them, and the conversion that replaces one, elsewhere.
+    """
+    if not REPO_ID_PATTERN.fullmatch(str(repo_id)):
+        raise ConfigError(
+            f"dataset.repo_id={repo_id!r} is not a hub id <owner>/<name> (e.g. lerobot/pusht: two non-empty "
+            "parts of letters, digits, '_', '-', '.', without '..'); a dataset directory goes in "
+            "dataset.root=DIR"
+        )
 
 
 def policy_section(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any] | None:
@@ -581,7 +616,6 @@ def _override_text(value: Any) -> str:
 # Keys that must be positive, and those that may also be 0 (what 0 means is in the field's comment).
 POSITIVE_KEYS = (
     "eval.n_episodes",
-    "eval.batch_size",
     "training.steps",
     "training.log_freq",
     "training.save_freq",
@@ -614,6 +648,36 @@ def _check_positive(cfg: DictConfig) -> None:
         raise ConfigError(
             f"training.keep_checkpoints={keep} must be a positive number (or null to keep every checkpoint)"
         )
+
+
+# The online trainer's rates and exponents, (low, high, what the bounds mean) each: a NaN passes every
+# comparison (a NaN `per_alpha` read as "not > 0" silently replayed uniformly), so each must be finite too.
+ONLINE_RATES = {
+    "per_alpha": (0.0, math.inf, "0: uniform replay"),
+    "per_beta": (0.0, 1.0, "1: full bias correction"),
+    "offline_ratio": (0.0, 1.0, "0: online experience only"),
+    "utd_ratio": (0.0, math.inf, "or null for training.gradient_steps"),
+}
+
+
+def _check_online_rates(training: DictConfig) -> None:
+    """Each of `ONLINE_RATES` is a finite number within its bounds (`utd_ratio` may be null)."""
+    for key, (low, high, meaning) in ONLINE_RATES.items():
+        value = training[key]
+        if value is None and key == "utd_ratio":
+            continue
+        if not (math.isfinite(value) and low <= value <= high):
+            bounds = f">= {low:g}" if high == math.inf else f"in [{low:g}, {high:g}]"
+            raise ConfigError(f"training.{key}={value} must be a finite number {bounds} ({meaning})")
+
+
+def _check_eval_batch_size(cfg: DictConfig) -> None:
+    """`eval.batch_size` is a positive number of envs or `auto` (any case; stored as `auto`)."""
+    value = cfg.eval.batch_size
+    if str(value).lower() == "auto":
+        cfg.eval.batch_size = "auto"
+    elif isinstance(value, str) or value < 1:
+        raise ConfigError(f"eval.batch_size={value} must be a positive number (of envs) or auto")
 
 
 def _check_observation_keys(env: EnvConfig) -> None:

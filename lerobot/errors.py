@@ -15,6 +15,10 @@ class ConfigError(ValueError):
     """A configuration value is wrong; the message names the key and how to fix it."""
 
 
+class RenderingError(ConfigError):
+    """The OpenGL backend (`MUJOCO_GL`) cannot render here; the message names it and the backend to use."""
+
+
 class DatasetError(ValueError):
     """A dataset file is missing something or is malformed; the message names the file and the problem."""
 
@@ -52,6 +56,11 @@ class NonFiniteActionError(ValueError):
 
 class PretrainedError(ValueError):
     """A pretrained directory or repo is missing, unreadable or in a format/config this project cannot load."""
+
+
+class InstallError(RuntimeError):
+    """An installed package does not work with the others (a torchvision built for another torch); the
+    message names both versions and the reinstall that fixes it."""
 
 
 class CheckpointError(RuntimeError):
@@ -101,6 +110,7 @@ EXPECTED_ERRORS: tuple[type[BaseException], ...] = (
     EnvWorkerError,
     NonFiniteActionError,
     PretrainedError,
+    InstallError,
     CheckpointError,
     RunDirError,
     TrainingDivergedError,

@@ -8,9 +8,11 @@ the temporaries of those files that a killed evaluation left, which the next one
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import shutil
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +20,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from lerobot import distributed
 from lerobot.accel import accelerated
-from lerobot.config import env_config
-from lerobot.constants import EVAL_INFO_FILE
+from lerobot.config import EnvConfig, env_config
+from lerobot.constants import EVAL_INFO_FILE, VISUAL
 from lerobot.datasets.recording import EpisodeRecorder, remove_stale_recordings, spill_dir
-from lerobot.envs import make_env, resolve_use_async
-from lerobot.envs.factory import env_task_names
+from lerobot.envs import make_env
+from lerobot.envs.factory import check_env_settings, env_task_names, plan_vector_env
 from lerobot.envs.tasks import EpisodeSpec, episode_plan
-from lerobot.errors import ConfigError
+from lerobot.errors import ConfigError, DatasetExistsError, EnvWorkerError
 from lerobot.policies.policy import Policy
 from lerobot.rollout import aggregate_episodes, eval_policy
 from lerobot.runtime.files import TemporaryDir, no_space_error, remove_dead_writers_temporaries, write_json
@@ -35,12 +37,25 @@ log = logging.getLogger(__name__)
 VIDEOS_DIR = "videos"
 
 
-def evaluate(cfg: DictConfig, policy: Policy, out_dir: Path, progress: bool = False) -> dict[str, Any]:
+def evaluate(
+    cfg: DictConfig,
+    policy: Policy,
+    out_dir: Path,
+    progress: bool = False,
+    checkpoint: dict[str, Any] | None = None,
+    untrained_tasks: Sequence[str] = (),
+) -> dict[str, Any]:
     """Run `eval_policy` with the `eval` settings of `cfg`; write `out_dir/eval_info.json` and videos.
 
+    `checkpoint`: which weights `policy` holds (`lerobot.checkpoints.checkpoint_record`), recorded in
+    `eval_info.json` under `checkpoint`; None records nothing (a baseline policy, a training run's own).
+    `untrained_tasks`: the tasks of `env.task` the policy was not trained on (evaluated under
+    `eval.allow_untrained_tasks=true`), recorded under `tasks_not_trained_on`.
+
     The episodes: `eval.n_episodes` with seeds `eval.start_seed + k`, of each task of a multi-task env
-    (`env.task`), task by task. The env count is `min(eval.batch_size, episodes)`, sync or async per
-    `eval.use_async_envs`: slots run any task, so memory grows with the slots, not the tasks. On N
+    (`env.task`), task by task. The env count is `min(eval.batch_size, episodes)` (`auto`: what fits the
+    machine, `lerobot.envs.factory.plan_vector_env`), sync or async per `eval.use_async_envs`: slots run any
+    task, so memory grows with the slots, not the tasks. On N
     processes (`distributed`) each one runs its contiguous share of the episodes, each with its own task and
     seed as on one process, in its own vector env of up to `eval.batch_size` envs; the
     per-episode results are merged in episode order and aggregated once (identical to the one-process run
@@ -60,6 +75,8 @@ def evaluate(cfg: DictConfig, policy: Policy, out_dir: Path, progress: bool = Fa
     with contextlib.ExitStack() as stack:
         recorder = None
         if record is not None:
+            # `eval.record_dataset=outputs/data/NAME` in a fresh directory: the spill goes beside NAME.
+            Path(record).parent.mkdir(parents=True, exist_ok=True)
             remove_stale_recordings(record)
             spill = stack.enter_context(TemporaryDir(spill_dir(record)))
             recorder = EpisodeRecorder(spill.path)
@@ -78,25 +95,36 @@ def evaluate(cfg: DictConfig, policy: Policy, out_dir: Path, progress: bool = Fa
             try:
                 recorder.write(record, fps=env_cfg.fps, task=env_cfg.name, name=env_cfg.name)
                 log.info("recorded %d episodes as a LeRobotDataset in %s", len(plan), record)
+            except DatasetExistsError:  # a concurrent recording into `record` finished first
+                record_error = DatasetExistsError(
+                    f"eval.record_dataset={record} was not written: another recording took that directory "
+                    f"while this evaluation ran (its dataset is kept); this evaluation's figures are in "
+                    f"{Path(out_dir) / EVAL_INFO_FILE}; record into a new directory to keep its episodes"
+                )
             except Exception as e:  # a full disk costs the dataset, not the evaluation's figures
-                record_error = no_space_error(e)
-                if record_error is None:
+                full = no_space_error(e)
+                if full is None:
                     raise
+                # The dataset's temporaries are gone (the spill's space is free again).
+                record_error = OSError(
+                    full.errno,
+                    full.strerror,
+                    f"{full.filename} (eval.record_dataset={record} was not written and nothing of it is "
+                    f"left; the evaluation's figures are in {Path(out_dir) / EVAL_INFO_FILE})",
+                )
     video_error = part.pop("video_error", None) if part is not None else None
     parts = [(s, p) for s, p in distributed.gather((start, part)) if p is not None]
     info = parts[0][1] if len(parts) == 1 else merge_eval_parts(parts)
     clip_reward_interval(info["aggregated"], env_config(cfg).reward_range)
+    if checkpoint is not None:
+        info["checkpoint"] = checkpoint
+    if untrained_tasks:
+        info["tasks_not_trained_on"] = list(untrained_tasks)
     info["config"] = OmegaConf.to_container(cfg, resolve=True)
     if main:
         write_json(Path(out_dir) / EVAL_INFO_FILE, info)
     if record_error is not None:
-        # The figures are written; the dataset's temporaries are gone (the spill's space is free again).
-        raise OSError(
-            record_error.errno,
-            record_error.strerror,
-            f"{record_error.filename} (eval.record_dataset={record} was not written and nothing of it is "
-            f"left; the evaluation's figures are in {Path(out_dir) / EVAL_INFO_FILE})",
-        )
+        raise record_error  # after the figures are written: the evaluation is kept without its dataset
     if video_error is not None:
         # The figures are written (when they fit); the videos that did not fit were never put in place.
         raise OSError(
@@ -106,6 +134,31 @@ def evaluate(cfg: DictConfig, policy: Policy, out_dir: Path, progress: bool = Fa
             "the videos that did not fit were not written)",
         )
     return info
+
+
+def check_run_env(cfg: DictConfig, evaluates: bool = True) -> None:
+    """Check the run's env settings before any work: one env built and reset (`check_env_settings`), and a
+    frame rendered when the run renders (camera observations; eval videos when it `evaluates`), so that a bad
+    setting or an OpenGL backend that cannot render is one line at start-up rather than a failure at the first
+    evaluation."""
+    env_cfg = env_config(cfg)
+    cameras = [key for key, feature in env_cfg.input_features().items() if feature.kind == VISUAL]
+    renders = None
+    if cameras:
+        renders = f"camera observations ({', '.join(cameras)})"
+    elif evaluates and cfg.eval.max_episodes_rendered > 0:
+        renders = f"eval videos (eval.max_episodes_rendered={cfg.eval.max_episodes_rendered}; 0 renders none)"
+    check_env_settings(env_cfg, renders)
+
+
+def untrained_tasks(trained_task: Any, env_cfg: EnvConfig) -> list[str]:
+    """The tasks of `env_cfg.task` that a policy trained with `env.task=trained_task` was not trained on, in
+    evaluation order; none when either names no tasks (a single-task env, a checkpoint that records none)."""
+    tasks = env_task_names(env_cfg)
+    if tasks is None or trained_task is None:
+        return []
+    trained = env_task_names(dataclasses.replace(env_cfg, task=trained_task))
+    return [task for task in tasks if task not in trained]
 
 
 def clip_reward_interval(aggregated: dict[str, Any], reward_range: list[float] | None) -> None:
@@ -168,8 +221,10 @@ def _evaluate_episodes(
     """`eval_policy` over the episodes `plan` in a vector env of its own; its rows count episodes from 0."""
     env_cfg = env_config(cfg)
     n_episodes = len(plan)
-    n_envs = min(cfg.eval.batch_size, n_episodes)
-    use_async = resolve_use_async(cfg.eval.use_async_envs, env_cfg, n_envs)
+    vector = plan_vector_env(cfg.eval.batch_size, cfg.eval.use_async_envs, env_cfg, n_episodes)
+    n_envs, use_async = vector.n_envs, vector.use_async
+    if vector.line is not None:
+        log.info(vector.line)
     tasks = sorted({spec.task for spec in plan if spec.task is not None})
     log.info(
         "evaluating %s on %s: %d episodes%s, %d %s envs",
@@ -180,7 +235,12 @@ def _evaluate_episodes(
         n_envs,
         "async" if use_async else "sync",
     )
-    env = make_env(env_cfg, n_envs, use_async=use_async, copy=False)
+    try:
+        env = make_env(env_cfg, n_envs, use_async=use_async, copy=False)
+    except EnvWorkerError as e:  # workers that could not start: fewer of them, or none, can
+        raise EnvWorkerError(
+            f"{e}: lower eval.batch_size (now {n_envs}) or set eval.use_async_envs=false"
+        ) from None
     try:
         # The policy's registered inference layer (e.g. Diffusion's CPU fast path) as the run's `inference`
         # section asks, built from the policy in eval mode.
@@ -227,18 +287,20 @@ def merge_eval_parts(parts: list[tuple[int, dict[str, Any]]]) -> dict[str, Any]:
     }
 
 
-def per_task_table(aggregated: dict[str, Any]) -> str | None:
+def per_task_table(aggregated: dict[str, Any], untrained_tasks: Collection[str] = ()) -> str | None:
     """The per-task figures of a multi-task evaluation as a text table (None for a single-task one): success
-    with its 95% interval, average max reward, mean steps, episodes; then the mean over tasks."""
+    with its 95% interval, average max reward, mean steps, episodes; then the mean over tasks. The rows of
+    `untrained_tasks` say that the policy was not trained on them."""
     per_task = aggregated.get("per_task")
     if not per_task:
         return None
-    width = max(len(task) for task in [*per_task, "mean over tasks"])
+    names = {task: f"{task} (not trained on)" if task in untrained_tasks else task for task in per_task}
+    width = max(len(name) for name in [*names.values(), "mean over tasks"])
     lines = [f"{'task':<{width}}  success % [95% CI]       avg max reward  avg steps  episodes"]
     for task, f in per_task.items():
         interval = f"[{f['pc_success_ci95_low']:5.1f}, {f['pc_success_ci95_high']:5.1f}]"
         lines.append(
-            f"{task:<{width}}  {f['pc_success']:5.1f} {interval:<16}  {f['avg_max_reward']:14.3f}  "
+            f"{names[task]:<{width}}  {f['pc_success']:5.1f} {interval:<16}  {f['avg_max_reward']:14.3f}  "
             f"{f['avg_steps']:9.1f}  {f['n_episodes']:8d}"
         )
     mean_success = sum(f["pc_success"] for f in per_task.values()) / len(per_task)

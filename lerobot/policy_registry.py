@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 from dataclasses import dataclass
+from importlib import metadata
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -31,7 +32,7 @@ from lerobot.config import (
     policy_section,
     validate_config,
 )
-from lerobot.errors import ConfigError
+from lerobot.errors import ConfigError, InstallError
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,30 @@ def available_policies() -> list[str]:
 
 def _import(path: str) -> Any:
     module, name = path.split(":")
-    return getattr(importlib.import_module(module), name)
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, RuntimeError) as e:
+        # A torchvision built for another torch (e.g. `pip install -e .` before torch's CPU build) fails in
+        # its own import, deep in a traceback: `operator torchvision::nms does not exist`.
+        if "torchvision" not in str(e):
+            raise
+        raise InstallError(_torchvision_mismatch(e)) from None
+
+
+def _torchvision_mismatch(error: BaseException) -> str:
+    """The line for a torchvision that does not load with the installed torch; `error` says why it did not."""
+    import torch
+
+    try:
+        vision = metadata.version("torchvision")
+    except metadata.PackageNotFoundError:
+        vision = "(not installed)"
+    why = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    return (
+        f"torchvision {vision} does not load with torch {torch.__version__} ({why}): install the two from one "
+        "build, e.g. pip install --force-reinstall torch torchvision --index-url "
+        "https://download.pytorch.org/whl/cpu on a machine without a GPU (README, Quick start)"
+    )
 
 
 def _entry(name: Any) -> PolicyEntry:
@@ -125,11 +149,16 @@ def validate_run_config(cfg: DictConfig | dict) -> DictConfig:
     return merged
 
 
+def policy_class(name: str) -> type[nn.Module]:
+    """The policy class registered as `name`, its module imported now (so that a command can meet an
+    installation that cannot run it, `InstallError`, at start-up rather than when the policy is built)."""
+    return _import(_entry(name).policy)
+
+
 def make_policy(policy_cfg: PolicyConfig, dataset_stats: dict | None = None) -> nn.Module:
     """An instance of the policy class registered for `policy_cfg.name` (a `lerobot.policies.policy.Policy`;
     this registry sits below the base class, which loads saved policies through it)."""
-    policy_cls = _import(_entry(policy_cfg.name).policy)
-    return policy_cls(policy_cfg, dataset_stats=dataset_stats)
+    return policy_class(policy_cfg.name)(policy_cfg, dataset_stats=dataset_stats)
 
 
 def inference_layer(name: str) -> str | None:
@@ -183,6 +212,11 @@ register_policy(
     "tdmpc",
     config="lerobot.policies.tdmpc.configuration:TDMPCConfig",
     policy="lerobot.policies.tdmpc.modeling:TDMPCPolicy",
+)
+register_policy(
+    "sac",
+    config="lerobot.policies.sac.configuration:SACConfig",
+    policy="lerobot.policies.sac.modeling:SACPolicy",
 )
 register_policy(
     "act",

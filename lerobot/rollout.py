@@ -106,7 +106,9 @@ def act(
         ) from None
 
 
-def _step(env: VectorEnv, action: np.ndarray, timeout_s: float | None, watchdog: Watchdog | None):
+def step_envs(env: VectorEnv, action: np.ndarray, timeout_s: float | None, watchdog: Watchdog | None):
+    """`env.step(action)`; an async env's dead worker, or one silent for `timeout_s` (enforced by `watchdog`;
+    None: no limit), raises `EnvWorkerError` naming it. Evaluation and the online trainer's collection alike."""
     if not isinstance(env, AsyncVectorEnv):
         with ENV_CALLS:  # a Ctrl-C inside it is raised after it (`ENV_CALLS`)
             return env.step(action)
@@ -117,13 +119,15 @@ def _step(env: VectorEnv, action: np.ndarray, timeout_s: float | None, watchdog:
         return env.step_wait(timeout=timeout_s if polled else None)
 
 
-def _reset(
+def reset_envs(
     env: VectorEnv,
     seeds: list[int | None],
     mask: np.ndarray | None,
     timeout_s: float,
     watchdog: Watchdog | None,
 ):
+    """`env.reset(seed=seeds)` of the slots in `mask` (None: all), with the faults of `step_envs` turned
+    into `EnvWorkerError` as there (`timeout_s` always applies)."""
     options = None if mask is None else {"reset_mask": mask}
     if not isinstance(env, AsyncVectorEnv):
         with ENV_CALLS:
@@ -458,7 +462,7 @@ def _reset_slots(
             seeds[slot] = seed
     slots = np.union1d(begin, idle)
     mask = None if slots.size == env.num_envs else _mask(env.num_envs, slots)
-    obs, _ = _reset(env, seeds, mask, timeout_s, watchdog)
+    obs, _ = reset_envs(env, seeds, mask, timeout_s, watchdog)
     if begin.size:
         policy.reset(begin, episode_seeds=[seeds[slot] for slot in begin])
         videos.start(episodes, begin)
@@ -532,7 +536,7 @@ def eval_policy(
             action = act(policy, obs, device, episodes.describe_slot, _EVAL_ADVICE)
             if recorder is not None:
                 recorder.observe(*episodes.running(), obs, action)
-            obs, reward, terminated, truncated, info = _step(env, action, step_timeout_s, watchdog)
+            obs, reward, terminated, truncated, info = step_envs(env, action, step_timeout_s, watchdog)
             success, done = _success(info, num_envs), terminated | truncated
             episodes.log_step(reward, success)
             if recorder is not None:

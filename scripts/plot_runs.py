@@ -32,11 +32,17 @@ def training_hours(records: list[dict], gap_s: float) -> list[float]:
 
 def main(argv: list[str] | None = None) -> None:
     """Plot the runs as `argv` says; bad input ends with one `error:` line and exit status 2."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    # The docstring's first paragraph says what it does, its last one what "hours" counts.
+    paragraphs = __doc__.split("\n\n")
+    parser = argparse.ArgumentParser(description=paragraphs[0], epilog=paragraphs[-1])
     parser.add_argument("runs", nargs="+", help="run directories, each optionally followed by :LABEL")
     parser.add_argument("--out", type=Path, required=True, help="PNG file to write")
-    parser.add_argument("--x", choices=("hours", "steps"), default="hours")
-    parser.add_argument("--gap-min", type=float, default=30.0, help="longer gaps count as a stop")
+    parser.add_argument(
+        "--x", choices=("hours", "steps"), default="hours", help="x axis (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--gap-min", type=float, default=30.0, help="minutes: a longer gap counts as a stop (default: 30)"
+    )
     args = parser.parse_args(argv)
 
     import matplotlib
@@ -54,7 +60,11 @@ def main(argv: list[str] | None = None) -> None:
         hours = training_hours(records, gap_s=60 * args.gap_min)
         evals = [(h, r) for h, r in zip(hours, records, strict=True) if r["split"] == "eval"]
         if not evals:
-            exit_with_error(f"{path} holds no evaluation records (the run had eval.freq=0?)")
+            last = f", up to step {records[-1]['step']}" if records else ""
+            exit_with_error(
+                f"{path} holds no evaluation yet ({len(records)} training records{last}): the run's first comes "
+                "at step eval.freq (never with eval.freq=0); plot the run once it has one"
+            )
         xs = [h if args.x == "hours" else r["step"] for h, r in evals]
         for ax, key in zip(axes, ("avg_max_reward", "pc_success"), strict=True):
             ys = [r[key] for _, r in evals]

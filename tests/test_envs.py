@@ -59,7 +59,7 @@ def test_use_async_auto_is_measured_and_cached(monkeypatch, tmp_path):
         calls.append(use_async)
         return 500.0 if use_async else 300.0
 
-    monkeypatch.setattr(factory.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(factory, "usable_cores", lambda: 4)
     monkeypatch.setattr(factory, "measure_vector_steps_per_s", fake_rate)
     assert resolve_use_async("auto", cfg, 8) is True
     assert sorted(calls) == [False, True]
@@ -70,8 +70,8 @@ def test_use_async_auto_is_measured_and_cached(monkeypatch, tmp_path):
         factory, "measure_vector_steps_per_s", lambda cfg, n, use_async: 100.0 if use_async else 300.0
     )
     assert resolve_use_async("auto", cfg, 4) is False  # another env count is measured on its own
-    monkeypatch.setattr(factory.os, "cpu_count", lambda: 1)
-    assert resolve_use_async("auto", cfg, 8) is False
+    monkeypatch.setattr(factory, "usable_cores", lambda: 2)
+    assert resolve_use_async("auto", cfg, 8) is False  # 2 cores: sync, not measured
 
 
 def test_measure_vector_steps_per_s_runs():

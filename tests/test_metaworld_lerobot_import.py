@@ -220,6 +220,7 @@ def test_a_pixel_policy_trains_on_lerobots_metaworld_layout(tmp_path):
     code = train_main(
         [
             "+experiment=diffusion_metaworld_mt10_image_cpu",
+            "env.task=[reach-v3,drawer-close-v3]",  # the fixture's tasks (a run trains on env.task's)
             f"dataset.root={DATASET}",
             f"dataset.cache_dir={tmp_path / 'cache'}",
             "dataset.image_size=[96,96]",

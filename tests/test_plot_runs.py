@@ -60,7 +60,7 @@ def test_plot_writes_a_png_and_names_a_run_without_evaluations(tmp_path):
     plot_runs.main([f"{evaluated}:DP", "--out", str(out), "--x", "steps"])
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     silent = write_run(tmp_path / "b", [{"step": 10, "split": "train", "time": 0.0}])
-    with pytest.raises(SystemExit, match="no evaluation records"):
+    with pytest.raises(SystemExit, match="holds no evaluation yet"):
         plot_runs.main([str(silent), "--out", str(out)])
     with pytest.raises(SystemExit, match="not found"):
         plot_runs.main([str(tmp_path / "missing"), "--out", str(out)])

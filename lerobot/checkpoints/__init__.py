@@ -28,6 +28,7 @@ from lerobot.checkpoints.hub import CONFIG_JSON, LEROBOT_MODEL_DIR, PretrainedSp
 from lerobot.config import EnvConfig, PolicyConfig, env_config, policy_config
 from lerobot.errors import ConfigError, PretrainedError
 from lerobot.policy_registry import make_policy_config, validate_run_config
+from lerobot.runtime.checksums import file_sha256, read_checksums
 
 # LeRobot policy `type` -> the module that reads its `pretrained_model` directories.
 LEROBOT_FORMATS: dict[str, ModuleType] = {
@@ -122,6 +123,28 @@ def load_policy(
         spec = read_spec(source.path)
         policy = load_weights(spec, spec_policy_config(spec, overrides))
     return policy.to(device).eval()
+
+
+def checkpoint_record(source: Source, raw_weights: bool = False) -> dict[str, Any]:
+    """Which weights an evaluation of `source` reads, for its log and `eval_info.json`: `path` (the
+    checkpoint directory itself, not the `last` link or run directory that named it, which move on while a run
+    trains), `step` (the training step it was saved at; None for a pretrained directory), `sha256` (of its
+    `model.safetensors`: the one recorded in `checksums.json`, which loading verifies, else computed) and
+    `weights`: `ema` (the averaged weights of a run trained with `policy.use_ema=true`), `raw` (the
+    optimizer's own weights: `raw_weights`, or a run trained without EMA) or `pretrained` (a pretrained
+    directory, which keeps one set of weights)."""
+    path = Path(source.path)
+    sha256 = (read_checksums(path) or {}).get(hub.MODEL_FILE) if source.run else None
+    if sha256 is None and (path / hub.MODEL_FILE).is_file():
+        sha256 = file_sha256(path / hub.MODEL_FILE)
+    if not source.run:
+        weights = "pretrained"
+    elif raw_weights or not run.load_config(path).policy.get("use_ema", False):
+        weights = "raw"
+    else:
+        weights = "ema"
+    step = int(path.name) if source.run and path.name.isdigit() else None
+    return {"path": str(path), "step": step, "sha256": sha256, "weights": weights}
 
 
 def load_for_run(source: Source, cfg: DictConfig, raw_weights: bool = False) -> nn.Module:

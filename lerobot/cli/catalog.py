@@ -45,7 +45,7 @@ TRAIN_SETTINGS = (
 )
 EVAL_SETTINGS = (
     ("eval.n_episodes", "episodes evaluated"),
-    ("eval.batch_size", "envs stepped at once"),
+    ("eval.batch_size", "envs stepped at once; auto: what fits the cores and memory"),
     ("eval.use_async_envs", "auto | true | false: one process per env"),
     ("eval.max_episodes_rendered", "episodes saved as mp4 videos"),
     ("eval.record_dataset", "write the episodes as a LeRobotDataset into this new directory"),
@@ -207,8 +207,9 @@ def config_yaml(cfg: DictConfig) -> str:
     return OmegaConf.to_yaml(cfg, resolve=True)
 
 
-def info_text(cfg: DictConfig, dirs: Sequence[Path], source: str) -> str:
-    """`--info`: where the config of a command comes from (`source`: the command's own first line)."""
+def info_text(cfg: DictConfig, dirs: Sequence[Path], source: str, output: str) -> str:
+    """`--info`: where the config of a command comes from (`source`: the command's own first line) and where
+    it writes (`output`, e.g. `output_dir: DIR`)."""
     searched = ", ".join(str(d) for d in dirs)
     policy = cfg.policy.name
     cls = policy_config_class(policy) if policy in available_policies() else None
@@ -220,7 +221,7 @@ def info_text(cfg: DictConfig, dirs: Sequence[Path], source: str) -> str:
         f"recipe: {cfg.recipe}; experiment composed: {cfg.recipe_applied or 'none (the policy defaults)'}",
         f"device: {cfg.device}"
         + (f" ({distributed.auto_device()} here)" if cfg.device == "auto" else "")
-        + f"; output_dir: {cfg.output_dir}",
+        + f"; {output}",
         "every default: lerobot/config.py (RootConfig) and the policy's configuration class; "
         "--cfg job prints the resolved config",
     ]

@@ -12,14 +12,17 @@ import argparse
 import contextlib
 import datetime as dt
 import json
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from omegaconf import DictConfig
 
 from lerobot import distributed
-from lerobot.checkpoints import Source, load_for_run, locate, read_spec
+from lerobot.checkpoints import Source, checkpoint_record, load_for_run, locate, read_spec
+from lerobot.checkpoints.run import load_config
 from lerobot.cli.catalog import (
     EVAL_SETTINGS,
     HYDRA_HELP,
@@ -35,9 +38,18 @@ from lerobot.cli.train import add_config_dir_argument
 from lerobot.config import env_config, policy_config
 from lerobot.constants import EVAL_INFO_FILE
 from lerobot.errors import ConfigError, RunDirError
-from lerobot.evaluation import earlier_evaluation, evaluate, per_task_table, remove_evaluation
+from lerobot.evaluation import (
+    check_run_env,
+    earlier_evaluation,
+    evaluate,
+    per_task_table,
+    remove_evaluation,
+    untrained_tasks,
+)
 from lerobot.policy_registry import make_policy
 from lerobot.runtime.files import open_dir, try_flock
+
+log = logging.getLogger(__name__)
 
 
 def _eval_output_dir(flag: Path | None, overrides: list[str]) -> Path | None:
@@ -140,12 +152,17 @@ def _eval(argv: list[str] | None) -> int:
     if args.hydra_help:
         print(HYDRA_HELP, end="")
         return 0
+    out_dir = _eval_output_dir(args.output_dir, args.overrides)
     if args.cfg or args.info:  # the config only: no weights are loaded, nothing is written
         cfg, _ = _config(args)
+        if args.cfg:
+            print(config_yaml(cfg), end="")
+            return 0
         source = f"checkpoint {args.checkpoint}" if args.checkpoint else "configs/default.yaml + overrides"
-        print(config_yaml(cfg) if args.cfg else info_text(cfg, config_dirs(argv), source) + "\n", end="")
+        # The config's output_dir is the training run's (a checkpoint's); the evaluation writes elsewhere.
+        where = out_dir or f"a new outputs/eval/<date>/<time>_{cfg.env.name}_{cfg.policy.name}"
+        print(info_text(cfg, config_dirs(argv), source, f"evaluation results: {where} (--output-dir)"))
         return 0
-    out_dir = _eval_output_dir(args.output_dir, args.overrides)
     if out_dir is None or not distributed.is_main():
         return _evaluate(args, out_dir)
     # Before anything is loaded: an evaluation must not replace another silently, finished or running.
@@ -170,6 +187,31 @@ def _config(args: argparse.Namespace) -> tuple[DictConfig, Source | None]:
     return cfg, None
 
 
+def _untrained_tasks(source: Source, cfg: DictConfig) -> list[str]:
+    """The tasks of `env.task` that the checkpoint's policy was not trained on (its run's `env.task`).
+
+    Raises `ConfigError` naming them unless `eval.allow_untrained_tasks=true`, under which they are evaluated
+    and labelled (a warning now, `tasks_not_trained_on` in eval_info.json, the console's table)."""
+    trained = (load_config(source.path).env if source.run else read_spec(source.path).env or {}).get("task")
+    tasks = untrained_tasks(trained, env_config(cfg))
+    if not tasks:
+        return []
+    given = trained if isinstance(trained, str) else f"[{','.join(map(str, trained))}]"
+    if not cfg.eval.allow_untrained_tasks:
+        raise ConfigError(
+            f"checkpoint {source.path} was trained on env.task={given}, not on {', '.join(tasks)}: evaluate the "
+            "tasks it was trained on, or pass eval.allow_untrained_tasks=true to evaluate these anyway "
+            "(labelled as tasks it was not trained on)"
+        )
+    log.warning(
+        "evaluating on %s, which checkpoint %s was not trained on (env.task=%s; eval.allow_untrained_tasks=true)",
+        ", ".join(tasks),
+        source.path,
+        given,
+    )
+    return tasks
+
+
 def _evaluate(args: argparse.Namespace, out_dir: Path | None) -> int:
     """Evaluate as `args` (parsed) say, into `out_dir` (None: a new default directory)."""
     if out_dir is not None:
@@ -177,9 +219,15 @@ def _evaluate(args: argparse.Namespace, out_dir: Path | None) -> int:
 
     # Under torchrun every process evaluates its share of the episodes (see `evaluate`).
     cfg, source = _config(args)
+    untrained = _untrained_tasks(source, cfg) if source is not None else []
+    check_run_env(cfg)  # a bad env setting, or a renderer that cannot render, before any weights load
+    checkpoint = None
     if source is not None:
         # Checks the env's features before building the device.
         policy = load_for_run(source, cfg, args.raw_weights)
+        # Which weights these are, read once loaded (and verified): a run that trains on writes new ones.
+        checkpoint = checkpoint_record(source, args.raw_weights)
+        log.info("evaluating %s", checkpoint_text(checkpoint))
         device = distributed.init(distributed.resolve_device(cfg.device))
         policy = policy.to(device)
     else:
@@ -192,17 +240,39 @@ def _evaluate(args: argparse.Namespace, out_dir: Path | None) -> int:
     elif args.overwrite and distributed.is_main():
         remove_evaluation(out_dir)
     with log_above_progress_bars():  # log lines above the progress bar, not on its line
-        info = evaluate(cfg, policy, Path(out_dir), progress=True)
+        info = evaluate(
+            cfg, policy, Path(out_dir), progress=True, checkpoint=checkpoint, untrained_tasks=untrained
+        )
     if not distributed.is_main():
         return 0
-    table = per_task_table(info["aggregated"])
+    table = per_task_table(info["aggregated"], untrained)
     if table is not None:
         print(table)
+    if untrained:
+        print(f"not trained on: {', '.join(untrained)} (evaluated with eval.allow_untrained_tasks=true)")
     print(json.dumps({k: v for k, v in info["aggregated"].items() if k != "per_task"}, indent=2))
+    if checkpoint is not None:
+        print(checkpoint_text(checkpoint))
     print(f"wrote {Path(out_dir) / EVAL_INFO_FILE} and {len(info['video_paths'])} video(s)")
     if cfg.eval.get("record_dataset") is not None:
         print(f"recorded the episodes as a LeRobotDataset in {cfg.eval.record_dataset}")
     return 0
+
+
+# How `checkpoint_record`'s `weights` reads in the log.
+_WEIGHTS_TEXT = {
+    "ema": "EMA weights",
+    "raw": "raw weights (not EMA)",
+    "pretrained": "the pretrained directory's weights",
+}
+
+
+def checkpoint_text(checkpoint: dict[str, Any]) -> str:
+    """One line naming the weights evaluated (`lerobot.checkpoints.checkpoint_record`): the checkpoint
+    directory, its step, the sha256 of its weights and whether they are the EMA ones."""
+    step = f"step {checkpoint['step']}, " if checkpoint["step"] is not None else ""
+    sha = f"model.safetensors sha256 {checkpoint['sha256'][:16]}, " if checkpoint["sha256"] else ""
+    return f"checkpoint {checkpoint['path']} ({step}{sha}{_WEIGHTS_TEXT[checkpoint['weights']]})"
 
 
 def eval_main(argv: list[str] | None = None) -> int:

@@ -28,6 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from lerobot import distributed
 from lerobot.config import RECIPES
 from lerobot.errors import ConfigError
+from lerobot.training.update import LOWER_STEPS
 
 # The override that forces the policy's defaults (the paper-size model), named in every start-up line.
 PAPER_OVERRIDE = "recipe=paper"
@@ -74,26 +75,63 @@ def recipe_choices(path: Path) -> tuple[str | None, str | None]:
     return picked.get("policy"), picked.get("env")
 
 
-def cpu_recipes(dirs: Sequence[Path]) -> dict[str, Path]:
-    """Every CPU recipe (`experiment/*_cpu.yaml`) in the config directories `dirs`: name -> file, sorted by
+def _recipes(dirs: Sequence[Path], suffix: str) -> dict[str, Path]:
+    """Every recipe `experiment/*<suffix>.yaml` in the config directories `dirs`: name -> file, sorted by
     name; the first directory that holds a name wins, as in Hydra's search path."""
     found: dict[str, Path] = {}
     for d in dirs:
-        for path in sorted((Path(d) / EXPERIMENT_GROUP).glob("*_cpu.yaml")):
+        for path in sorted((Path(d) / EXPERIMENT_GROUP).glob(f"*{suffix}.yaml")):
             found.setdefault(path.stem, path)
     return dict(sorted(found.items()))
 
 
-def cpu_recipe(policy: str, env: str, dirs: Sequence[Path]) -> str | None:
-    """The name of the CPU recipe of `policy` on `env` (group choices, e.g. `diffusion`, `pusht`) in `dirs`,
-    or None. Two recipes for one pair are a config error naming both."""
-    names = [name for name, path in cpu_recipes(dirs).items() if recipe_choices(path) == (policy, env)]
+def cpu_recipes(dirs: Sequence[Path]) -> dict[str, Path]:
+    """Every CPU recipe (`experiment/*_cpu.yaml`) in the config directories `dirs` (see `_recipes`)."""
+    return _recipes(dirs, "_cpu")
+
+
+def _recipe_of(policy: str, env: str, dirs: Sequence[Path], suffix: str, kind: str) -> str | None:
+    """The name of the `kind` recipe (`*<suffix>.yaml`) of `policy` on `env` (group choices, e.g.
+    `diffusion`, `pusht`) in `dirs`, or None. Two recipes for one pair are a config error naming both."""
+    names = [name for name, path in _recipes(dirs, suffix).items() if recipe_choices(path) == (policy, env)]
     if len(names) > 1:
         raise ConfigError(
-            f"{' and '.join(names)} are both CPU recipes of policy {policy} on env {env}; keep one of them "
-            "(or rename the other without the _cpu suffix)"
+            f"{' and '.join(names)} are both {kind} recipes of policy {policy} on env {env}; keep one of them "
+            f"(or rename the other without the {suffix} suffix)"
         )
     return names[0] if names else None
+
+
+def cpu_recipe(policy: str, env: str, dirs: Sequence[Path]) -> str | None:
+    """The name of the CPU recipe (`*_cpu.yaml`) of `policy` on `env` in `dirs`, or None (see `_recipe_of`)."""
+    return _recipe_of(policy, env, dirs, "_cpu", "CPU")
+
+
+def gpu_recipe(policy: str, env: str, dirs: Sequence[Path]) -> str | None:
+    """The name of the GPU recipe (`*_gpu.yaml`, the paper-size model sized for one GPU) of `policy` on
+    `env` in `dirs`, or None (see `_recipe_of`)."""
+    return _recipe_of(policy, env, dirs, "_gpu", "GPU")
+
+
+def slow_cpu_run_advice(cfg: DictConfig, dirs: Sequence[Path]) -> str:
+    """What would be faster than the run of `cfg` on a CPU that would take hours (the end of
+    `lerobot.training.update.cpu_run_warning`): the GPU recipe of its policy and env and, unless it trains
+    the CPU recipe already, that recipe, each where one exists in `dirs`; and fewer steps."""
+    policy, env = str(cfg.policy.name), str(cfg.env.name)
+    gpu, cpu = gpu_recipe(policy, env, dirs), cpu_recipe(policy, env, dirs)
+    parts = []
+    if cfg.recipe_applied is not None and cfg.recipe_applied in cpu_recipes(dirs):
+        if gpu is not None:
+            parts.append(f"on a GPU, +experiment={gpu} trains the paper-size model")
+    else:
+        if gpu is not None:
+            parts.append(f"the paper-size model needs a GPU (+experiment={gpu})")
+        if cpu is not None:
+            parts.append(
+                f"on a CPU, +experiment={cpu} trains the CPU recipe of {policy} on {env} (1 to 3 hours on 2 "
+                "idle cores)"
+            )
+    return "; ".join([*parts, "or " + LOWER_STEPS if parts else LOWER_STEPS])
 
 
 def choose_recipe(cfg: DictConfig, choices: Mapping[str, str | None], dirs: Sequence[Path]) -> RecipeChoice:

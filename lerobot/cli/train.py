@@ -21,8 +21,10 @@ from lerobot.cli.catalog import (
 )
 from lerobot.cli.compose import compose_train_config
 from lerobot.cli.exit import log_above_progress_bars, run_command
+from lerobot.cli.recipes import slow_cpu_run_advice
 from lerobot.cli.sweep import run_sweep
 from lerobot.errors import ConfigError
+from lerobot.policy_registry import policy_class
 from lerobot.runtime.signals import EXIT_CODES, StopAborted, stop_on_signals
 from lerobot.training import train
 
@@ -78,13 +80,20 @@ def _train(argv: list[str] | None) -> int:
         print(config_yaml(cfg), end="")
         return 0
     if args.info:
-        print(info_text(cfg, config_dirs(argv), "configs/default.yaml + overrides"))
+        print(
+            info_text(
+                cfg, config_dirs(argv), "configs/default.yaml + overrides", f"output_dir: {cfg.output_dir}"
+            )
+        )
         return 0
+    # The policy's code now, not after the data has loaded (minutes on first use): an installation that
+    # cannot run it (a torchvision of another torch build) stops here with one line.
+    policy_class(cfg.policy.name)
     # Log lines go above the progress bar, each on its own line (not onto the bar's line).
     command = sys.argv[1:] if argv is None else list(argv)
     with stop_on_signals() as stop, log_above_progress_bars():
         try:
-            run_dir = train(cfg)
+            run_dir = train(cfg, slow_run_advice=slow_cpu_run_advice(cfg, config_dirs(argv)))
         except StopAborted as e:  # stopped where nothing could be saved: say what a relaunch does
             last = latest_checkpoint(Path(cfg.output_dir)) if cfg.output_dir is not None else None
             e.relaunch = (

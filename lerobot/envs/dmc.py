@@ -21,7 +21,9 @@ where dm_control's own `suite.load` does not fit a gymnasium env:
   and multisampling off (several times cheaper on a CPU; 64 px frames took 2-3 ms against 19-26 ms with
   them). dm_control picks its OpenGL backend when first imported from `MUJOCO_GL`; unset, it is set here
   to `egl` when libEGL is found, else `osmesa` when libOSMesa is, so that a machine without a display
-  renders headless. Rendering is optional: the state envs never render unless asked.
+  renders headless. Rendering is optional: the state envs never render unless asked, and need no usable
+  `MUJOCO_GL` until they do (`lerobot.envs.rendering`: a first render under one that cannot work is one
+  line naming it and the backend that works).
 
 dm_control is imported when the first env is built, so this module (and the id it registers) imports
 without it; building an env without it raises `ConfigError` naming the install command.
@@ -35,7 +37,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from lerobot.envs.rendering import choose_gl_backend, load_before_gl
+from lerobot.envs.rendering import check_gl, gl_failure, gl_for_import, load_before_gl
 from lerobot.errors import ConfigError
 
 # The id as registered, and as configs name it: gymnasium's `module:id` form imports this module first
@@ -51,15 +53,14 @@ _DEFAULT_CAMERA = {"quadruped": 2}
 _MAX_SEED = 2**32
 
 
-# Before dm_control is first imported (it reads MUJOCO_GL at import); a value the user exported wins.
-choose_gl_backend()
-
-
 def _load_suite():
     """dm_control's `suite` module, or a `ConfigError` saying how to install it."""
-    load_before_gl()  # dm_control opens the headless display when imported
     try:
-        from dm_control import suite
+        # dm_control reads MUJOCO_GL when first imported: a value the user exported wins, unless it cannot
+        # work here (then nothing renders: a state-only run needs nothing).
+        with gl_for_import():
+            load_before_gl()  # dm_control opens the headless display when imported
+            from dm_control import suite
     except ImportError as e:
         raise ConfigError(f"DeepMind Control envs need dm_control ({e}): {INSTALL_HINT}") from None
     return suite
@@ -73,7 +74,7 @@ class DMCEnv(gym.Env):
         task: the domain's task (`swingup`, `walk`, `catch`, ...).
         action_repeat: control steps per `step` (>= 1); rewards are summed over them.
         render_mode: None or "rgb_array".
-        render_size: height and width of rendered frames, pixels.
+        render_size: height and width of rendered frames (evaluation videos), pixels.
         camera_id: the camera `render` uses; None: the domain's usual tracking camera.
 
     Shapes: observation (obs_dim,) float32; action (action_dim,) within the task's action spec bounds
@@ -88,7 +89,7 @@ class DMCEnv(gym.Env):
         task: str,
         action_repeat: int = 2,
         render_mode: str | None = None,
-        render_size: int = 84,
+        render_size: int = 256,
         camera_id: int | None = None,
     ):
         suite = _load_suite()
@@ -180,7 +181,11 @@ class DMCEnv(gym.Env):
         """The current frame (render_size, render_size, 3) uint8 in "rgb_array" mode, else None."""
         if self.render_mode != "rgb_array":
             return None
-        return self.dm_env.physics.render(self.render_size, self.render_size, camera_id=self.camera_id)
+        check_gl()
+        try:
+            return self.dm_env.physics.render(self.render_size, self.render_size, camera_id=self.camera_id)
+        except Exception as e:  # MuJoCo's renders fail only where its OpenGL context cannot be made
+            raise gl_failure(e) from e
 
     def close(self) -> None:
         """Free the physics and its rendering context."""

@@ -5,12 +5,15 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import inspect
 import json
 import logging
 import multiprocessing
 import os
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import gymnasium as gym
@@ -23,9 +26,9 @@ from omegaconf import OmegaConf
 
 from lerobot.config import EnvConfig
 from lerobot.constants import VISUAL
-from lerobot.envs.faults import close_now, kill_workers, worker_call
+from lerobot.envs.faults import close_now, first_workers, kill_workers, start_time, worker_call
 from lerobot.envs.worker import build_env, build_worker_env, env_module, registered_id
-from lerobot.errors import ConfigError, EnvWorkerError
+from lerobot.errors import ConfigError, EnvWorkerError, RenderingError
 from lerobot.runtime.files import write_json
 
 log = logging.getLogger(__name__)
@@ -60,6 +63,7 @@ class _AsyncVectorEnv(AsyncVectorEnv):
             for i in silent:
                 self.processes[i].kill()
 
+        self.worker_start_times = [start_time(p.pid) for p in self.processes]  # for `kill_workers`
         watchdog = threading.Timer(ASYNC_START_TIMEOUT_S, kill_silent)
         watchdog.daemon = True
         watchdog.start()
@@ -70,10 +74,10 @@ class _AsyncVectorEnv(AsyncVectorEnv):
             close_now(self)
             if not silent:
                 raise
-            who = ", ".join(f"env worker {i} (pid {self.processes[i].pid})" for i in silent)
+            who = first_workers([f"env worker {i} (pid {self.processes[i].pid})" for i in silent])
             raise EnvWorkerError(
                 f"{who} of {self.num_envs} did not answer its start-up within {ASYNC_START_TIMEOUT_S:.0f} s "
-                "(stopped or stuck)"
+                "(stopped or stuck, or the machine is short of memory or cores for that many workers)"
             ) from None
         except BaseException:
             close_now(self)
@@ -115,15 +119,71 @@ def env_task_names(env_cfg: EnvConfig) -> list[str] | None:
     if env_cfg.task is None:
         return None
     _check_env_config(env_cfg)
-    entry_point = gym.spec(registered_id(env_cfg.gym_id)).entry_point
-    env_class = load_env_creator(entry_point) if isinstance(entry_point, str) else entry_point
-    resolve = getattr(env_class, "task_names", None)
+    resolve = getattr(_env_creator(env_cfg), "task_names", None)
     if resolve is None:
         raise ConfigError(
             f"env.task={env_cfg.task!r}: env {env_cfg.name!r} runs one task; remove env.task (or use a "
             "multi-task env such as env=metaworld)"
         )
     return list(resolve(_gym_kwargs(env_cfg)["task"]))
+
+
+def _env_creator(env_cfg: EnvConfig) -> Callable[..., gym.Env]:
+    """The class (or function) that gymnasium calls with the env's keyword arguments."""
+    entry_point = gym.spec(registered_id(env_cfg.gym_id)).entry_point
+    return load_env_creator(entry_point) if isinstance(entry_point, str) else entry_point
+
+
+def check_env_settings(env_cfg: EnvConfig, renders: str | None = None) -> None:
+    """Build one env of `env_cfg` and reset it, so that a setting it cannot take (an unknown task, a misspelt
+    or wrong `env.gym_kwargs` value, a feature of another shape) fails at start-up in one line
+    (`ConfigError`), not at a run's first evaluation.
+
+    Args:
+        env_cfg: the run's env section.
+        renders: what the run renders, in words (e.g. "eval videos (...)"); None: nothing. Given, one frame
+            is rendered as well, so that an OpenGL backend that cannot render fails here too, saying so.
+    """
+    _check_env_config(env_cfg)
+    env_task_names(env_cfg)  # an unknown task, or env.task on a single-task env
+    _check_gym_kwargs(env_cfg)
+    try:
+        env = make_single_env(env_cfg, render_mode="rgb_array" if renders is not None else None)
+        try:
+            _check_shapes(env_cfg, env.observation_space)
+            env.reset(seed=0)  # a pixel env renders here already
+            if renders is not None:
+                env.render()
+        finally:
+            env.close()
+    except RenderingError as e:
+        raise RenderingError(f"this run renders {renders}, but {e}") from None
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as e:  # a value of the wrong type or range, as the env's own code says
+        detail = (str(e).strip().splitlines() or [""])[0]
+        raise ConfigError(
+            f"env {env_cfg.name!r} cannot be built with env.gym_kwargs={dict(env_cfg.gym_kwargs)} "
+            f"({type(e).__name__}: {detail}); fix the setting it names"
+        ) from e
+
+
+def _check_gym_kwargs(env_cfg: EnvConfig) -> None:
+    """Every key of `env.gym_kwargs` is a parameter of the env's constructor (when it takes named ones)."""
+    try:
+        params = inspect.signature(_env_creator(env_cfg)).parameters
+    except (TypeError, ValueError):  # a constructor without a signature: building it is the check
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    for key in env_cfg.gym_kwargs:
+        if key not in params:
+            # `render_mode` and `task` come from the run (rendering, env.task), not from env.gym_kwargs.
+            takes = ", ".join(name for name in params if name not in ("render_mode", "task"))
+            raise ConfigError(
+                f"env.gym_kwargs.{key}: env {env_cfg.name!r} ({env_cfg.gym_id}) takes no setting {key!r}; "
+                f"it takes {takes} (remove it with ~env.gym_kwargs.{key})"
+            )
 
 
 def _check_env_config(env_cfg: EnvConfig) -> None:
@@ -263,20 +323,115 @@ def measured_async_choice(key: str, env_cfg_yaml: str, n_envs: int) -> bool:
     return choice
 
 
+# Below this many cores `use_async_envs=auto` is sync without measuring: async workers only take turns with
+# the main process there (2 cores, 8 envs: PushT 1478 sync vs 377 async steps/s, MetaWorld 1833 vs 1183).
+ASYNC_MIN_CORES = 3
+
+
 def resolve_use_async(setting: str | bool, env_cfg: EnvConfig, n_envs: int) -> bool:
     """Turn `eval.use_async_envs` (true/false/auto) into a decision.
 
-    `auto` is a measurement, not a guess: with one env or one core it is sync; otherwise it times a few
-    dozen random-action steps of a sync and an async vector env of `n_envs` (rendering on) and picks the
-    faster. The choice is cached per machine (cores), env and env count in
+    `auto` is sync with one env or fewer than `ASYNC_MIN_CORES` cores; otherwise it is a measurement, not a
+    guess: it times a few dozen random-action steps of a sync and an async vector env of `n_envs` (rendering
+    on) and picks the faster. The choice is cached per machine (cores), env and env count in
     `~/.cache/lerobot/vector_env_choice.json`, so the probe runs once.
     """
     value = str(setting).lower()
     if value in ("true", "false"):
         return value == "true"
-    cores = os.cpu_count() or 1
-    if n_envs < 2 or cores < 2:
+    cores = usable_cores()
+    if n_envs < 2 or cores < ASYNC_MIN_CORES:
         return False
     env_yaml = OmegaConf.to_yaml(OmegaConf.structured(env_cfg))
     key = f"{env_cfg.gym_id}|{sorted(dict(env_cfg.gym_kwargs).items())}|n_envs={n_envs}|cores={cores}"
     return measured_async_choice(key, env_yaml, n_envs)
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity: `taskset`, a cgroup's cpuset), at least 1."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
+def available_memory_mb() -> float | None:
+    """The memory new processes can take without swapping, MB: Linux's MemAvailable, or less where this
+    process's cgroup (a container's limit) has less left; None where neither is known."""
+    found = []
+    with contextlib.suppress(OSError, ValueError, IndexError), open("/proc/meminfo") as f:
+        found += [int(line.split()[1]) / 1024 for line in f if line.startswith("MemAvailable:")]
+    with contextlib.suppress(OSError, ValueError):
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            used = int(Path("/sys/fs/cgroup/memory.current").read_text())
+            found.append((int(limit) - used) / 2**20)
+    return min(found) if found else None
+
+
+# `eval.batch_size=auto`: the most envs it picks (a policy batch of 50 already amortises a CPU forward pass),
+# the memory it counts per env (measured with rendering on, docs/evaluation.md: a torch-free async worker
+# takes 85 MB (PushT) to 370 MB (MetaWorld, whose first render loads the OpenGL renderer), a sync env 1 to
+# 27 MB of the main process), and the share of the available memory all envs may take.
+AUTO_MAX_ENVS = 50
+ENV_MEMORY_MB = {True: 400.0, False: 40.0}  # async, sync
+AUTO_MEMORY_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class VectorEnvPlan:
+    """How many envs an evaluation steps at once and how; `line` says what `auto` chose and why, for the
+    start-up log (None when neither setting was `auto`)."""
+
+    n_envs: int
+    use_async: bool
+    line: str | None
+
+
+def plan_vector_env(
+    batch_size: int | str, use_async_envs: str | bool, env_cfg: EnvConfig, n_episodes: int
+) -> VectorEnvPlan:
+    """The vector env of an evaluation of `n_episodes` episodes, as `eval.batch_size` and
+    `eval.use_async_envs` say.
+
+    `batch_size=auto` picks one env per episode, at most `AUTO_MAX_ENVS`, and no more than fit in
+    `AUTO_MEMORY_SHARE` of the memory available at start-up (`ENV_MEMORY_MB` each): the envs of a fixed 50
+    once started 50 async workers on a 2-core, 24 GB machine, which never finished starting. With both
+    `auto`, sync or async is decided first (`resolve_use_async` at the count an async env would get), since
+    it sets what an env costs.
+    """
+    auto_batch = str(batch_size) == "auto"
+    auto_async = str(use_async_envs).lower() == "auto"
+    memory = available_memory_mb()
+
+    def fitting(use_async: bool) -> int:
+        if not auto_batch:
+            return min(int(batch_size), n_episodes)
+        fit = AUTO_MAX_ENVS if memory is None else int(memory * AUTO_MEMORY_SHARE / ENV_MEMORY_MB[use_async])
+        return max(1, min(n_episodes, AUTO_MAX_ENVS, fit))
+
+    use_async = resolve_use_async(use_async_envs, env_cfg, fitting(True))
+    n_envs = fitting(use_async)
+    if not (auto_batch or auto_async):
+        return VectorEnvPlan(n_envs, use_async, None)
+    said = []
+    if auto_batch:
+        if n_envs == n_episodes:
+            why = "one per episode"
+        elif n_envs == AUTO_MAX_ENVS:
+            why = f"at most {AUTO_MAX_ENVS}"
+        else:
+            why = f"what fits in {AUTO_MEMORY_SHARE:.0%} of the {memory / 1024:.1f} GB available"
+        said.append(f"eval.batch_size=auto: {n_envs} envs ({why})")
+    kind = "async" if use_async else "sync"
+    cores = usable_cores()
+    if auto_async:
+        if n_envs < 2:
+            why = "one env"
+        elif cores < ASYNC_MIN_CORES:
+            why = f"{cores} cores"
+        else:
+            why = f"measured faster on {cores} cores"
+        said.append(f"eval.use_async_envs=auto: {kind} ({why})")
+    else:
+        said.append(kind)
+    return VectorEnvPlan(n_envs, use_async, ", ".join(said))

@@ -18,6 +18,7 @@ import contextlib
 import math
 import multiprocessing
 import multiprocessing.connection
+import os
 import signal
 import threading
 import time
@@ -37,6 +38,16 @@ _WATCHDOG_GRACE_S = 2.0
 _WATCHDOG_STALL_S = 1.0
 # How long `worker_call` waits for the exit status of a worker whose pipe broke.
 _EXIT_STATUS_WAIT_S = 2.0
+
+
+# How many workers an error names; the others are counted (50 names made a line of 1.4 kB).
+_NAMED_WORKERS = 3
+
+
+def first_workers(names: list[str], separator: str = ", ") -> str:
+    """`names` (one per worker) joined with `separator`: the first `_NAMED_WORKERS`, then how many more."""
+    more = len(names) - _NAMED_WORKERS
+    return separator.join(names[:_NAMED_WORKERS]) + (f" and {more} more" if more > 0 else "")
 
 
 def _describe_exit(code: int | None) -> str:
@@ -67,7 +78,7 @@ def worker_call(
     except (EOFError, OSError) as e:
         if watchdog is not None and watchdog.stopped_workers is not None:
             stopped = watchdog.stopped_workers
-            who = ", ".join(f"env worker {i} (pid {env.processes[i].pid})" for i in stopped)
+            who = first_workers([f"env worker {i} (pid {env.processes[i].pid})" for i in stopped])
             # Behind gymnasium's poll, the worker had begun its reply; without it, nothing tells them apart.
             verb = "finish" if polled else "answer"
             raise EnvWorkerError(
@@ -80,8 +91,12 @@ def worker_call(
         pipe_error = isinstance(e, (EOFError, BrokenPipeError, ConnectionResetError))
         if not dead and not pipe_error:
             raise  # an OSError the env itself raised in a live worker, passed on by gymnasium
-        who = "; ".join(
-            f"env worker {i} of {env.num_envs} (pid {p.pid}, {_describe_exit(p.exitcode)})" for i, p in dead
+        who = first_workers(
+            [
+                f"env worker {i} of {env.num_envs} (pid {p.pid}, {_describe_exit(p.exitcode)})"
+                for i, p in dead
+            ],
+            "; ",
         )
         raise EnvWorkerError(
             f"{who or f'an env worker of {env.num_envs}'} died during {what} ({type(e).__name__})"
@@ -89,7 +104,7 @@ def worker_call(
     except (TimeoutError, multiprocessing.TimeoutError):  # gymnasium raises the latter
         # Workers that answered have their reply waiting in their pipe; the silent ones do not.
         silent = [i for i, pipe in enumerate(env.parent_pipes) if pipe is not None and not pipe.poll(0)]
-        who = ", ".join(f"env worker {i} (pid {env.processes[i].pid})" for i in silent)
+        who = first_workers([f"env worker {i} (pid {env.processes[i].pid})" for i in silent])
         raise EnvWorkerError(
             f"{who or 'an env worker'} of {env.num_envs} did not answer a {what} within {timeout_s:.0f} s "
             f"(stopped or stuck){hint}"
@@ -136,13 +151,27 @@ class Watchdog:
         self._done.set()
 
 
-def _state(pid: int | None) -> str:
-    """The process state letter from /proc (`T`: stopped), or `?`."""
+def _stat_fields(pid: int | None) -> list[str]:
+    """The fields of /proc/<pid>/stat after the command name (the state letter first); [] when the
+    process is gone or /proc is not there."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
+            return f.read().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
-        return "?"
+        return []
+
+
+def _state(pid: int | None) -> str:
+    """The process state letter from /proc (`T`: stopped), or `?`."""
+    fields = _stat_fields(pid)
+    return fields[0] if fields else "?"
+
+
+def start_time(pid: int | None) -> str | None:
+    """When process `pid` started (/proc, clock ticks after boot): with the pid, what tells a worker from a
+    later process given the same pid; None when it is gone or not known."""
+    fields = _stat_fields(pid)
+    return fields[19] if len(fields) > 19 else None
 
 
 class _EnvCalls:
@@ -194,10 +223,19 @@ def interrupts_after_env_calls() -> Callable[[], None]:
 
 
 def kill_workers(env: AsyncVectorEnv) -> None:
-    """SIGKILL every live worker of `env`, reap it and close its pipes, without a word to any of them."""
-    for process in env.processes:
+    """SIGKILL every live worker of `env`, reap it and close its pipes, without a word to any of them.
+
+    A forkserver's workers are known alive through the forkserver, and once a SIGTERM to the process group
+    has ended it they all read as dead: a worker whose start time (`start_time`, noted when `env` started,
+    `worker_start_times`) is still that of a process with its pid is killed all the same, so that no stopped
+    worker outlives the run (holding its output open) and no live one writes a traceback when its pipe
+    closes."""
+    started = getattr(env, "worker_start_times", None) or [None] * len(env.processes)
+    for process, start in zip(env.processes, started):
         if process.is_alive():
             process.kill()
+        elif start is not None and start_time(process.pid) == start:
+            os.kill(process.pid, signal.SIGKILL)
     for process in env.processes:
         process.join(_REAP_TIMEOUT_S)
     for pipe in env.parent_pipes:

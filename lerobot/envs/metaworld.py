@@ -8,6 +8,9 @@ task set, the task chosen by the reset seed.
   hand position and gripper opening, as LeRobot's MetaWorld env gives).
 - `camera`, `width`, `height`: the camera image (`corner2`, turned right side up: MetaWorld renders it
   rotated by 180 degrees).
+- `render_size`: the side of the frames `render()` gives (evaluation videos), from the same camera, 256 px
+  by default, whatever the size of the camera observation; videos play at MetaWorld's control rate, 80 fps
+  (`CONTROL_FPS`) over `action_repeat`.
 - `fast_render`: shadows and multisampling off, set before the first render (about 10x faster on a CPU
   renderer; edges are aliased and objects cast no shadow). `false` renders MetaWorld's full-quality scene.
 - `terminate_on_success`: the episode ends at its first successful step (scripted demonstrations stop
@@ -37,16 +40,17 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from lerobot.envs.rendering import choose_gl_backend, load_before_gl
+from lerobot.envs.rendering import check_gl, gl_failure, gl_for_import, load_before_gl
 from lerobot.envs.tasks import split_task_seed, task_seed
 from lerobot.errors import ConfigError
 
-# A headless OpenGL backend unless the user picked one; mujoco reads it when metaworld imports it.
-choose_gl_backend()
-
+# mujoco reads MUJOCO_GL when metaworld imports it: a headless backend unless the user picked one, and no
+# rendering at all when the user's cannot work here (a state-only run needs none).
 try:
-    import metaworld  # noqa: F401 - registers nothing we use, but fails early and clearly when missing
-    from metaworld.env_dict import ALL_V3_ENVIRONMENTS, ML1_ARGS_KWARGS, MT10_V3
+    with gl_for_import():
+        import metaworld  # noqa: F401 - registers nothing we use, but fails early and clearly when missing
+        import mujoco
+        from metaworld.env_dict import ALL_V3_ENVIRONMENTS, ML1_ARGS_KWARGS, MT10_V3
 except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise ImportError(
         "MetaWorld envs need the `metaworld` package: pip install -e '.[mujoco]' (pins metaworld==3.1.1 "
@@ -59,6 +63,8 @@ _REGISTERED_ID = GYM_ID.split(":")[1]
 ALL_TASKS: list[str] = sorted(ALL_V3_ENVIRONMENTS)
 OBS_TYPES = ("state", "pixels_agent_pos")
 STATE_DIM = 39
+# MetaWorld's control rate: an env step is 5 MuJoCo steps (frame_skip) of 2.5 ms (the models' timestep).
+CONTROL_FPS = 80
 AGENT_POS_DIM = 4
 
 # The difficulty groups of Seo et al. 2022 (Masked World Models), as LeRobot names them.
@@ -117,7 +123,7 @@ class MetaWorldEnv(gym.Env):
 
     # What evaluation calls to list the tasks of `env.task` (see `lerobot.envs.factory.env_task_names`).
     task_names = staticmethod(task_names)
-    metadata = {"render_modes": ["rgb_array"], "render_fps": 80}
+    metadata = {"render_modes": ["rgb_array"], "render_fps": CONTROL_FPS}
 
     def __init__(
         self,
@@ -129,13 +135,18 @@ class MetaWorldEnv(gym.Env):
         fast_render: bool = True,
         terminate_on_success: bool = True,
         action_repeat: int = 1,
+        render_size: int = 256,
         render_mode: str | None = None,
     ):
         if obs_type not in OBS_TYPES:
             raise ConfigError(f"env.gym_kwargs.obs_type={obs_type!r}: expected one of {OBS_TYPES}")
         if action_repeat < 1:
             raise ConfigError(f"env.gym_kwargs.action_repeat={action_repeat} must be >= 1")
-        self.action_repeat = int(action_repeat)
+        if render_size < 1:
+            raise ConfigError(f"env.gym_kwargs.render_size={render_size} must be >= 1")
+        self.action_repeat, self.render_size = int(action_repeat), int(render_size)
+        # Videos play in real time: one frame per env step.
+        self.metadata = {**self.metadata, "render_fps": round(CONTROL_FPS / self.action_repeat)}
         self.tasks = task_names(task)
         self.obs_type, self.camera = obs_type, camera
         self.width, self.height = int(width), int(height)
@@ -143,6 +154,9 @@ class MetaWorldEnv(gym.Env):
         self.render_mode = render_mode
         self._renders = obs_type != "state" or render_mode is not None
         self._env: Any = None  # the current task's MetaWorld env
+        # Pixel observations of another size than the videos': the videos' own renderer (made at the first
+        # `render()`, with an OpenGL context of its own).
+        self._video: mujoco.Renderer | None = None
         self._task: str | None = None
         self._task_index = np.zeros((), dtype=np.int64)
 
@@ -186,15 +200,16 @@ class MetaWorldEnv(gym.Env):
         """Make `name` the current task, building its MuJoCo model (and closing the previous one)."""
         if name == self._task:
             return
-        if self._env is not None:
-            self._env.close()
+        self.close()
         if self._renders:
             load_before_gl()
+        # MetaWorld's own renderer makes the camera observation; in state mode only videos, at their size.
+        pixels = self.obs_type != "state"
         env = ALL_V3_ENVIRONMENTS[name](
             render_mode="rgb_array" if self._renders else None,
             camera_name=self.camera if self._renders else None,
-            width=self.width,
-            height=self.height,
+            width=self.width if pixels else self.render_size,
+            height=self.height if pixels else self.render_size,
         )
         kwargs = {k: v for k, v in ML1_ARGS_KWARGS[name]["kwargs"].items() if k != "task_id"}
         env._set_task_inner(**kwargs)
@@ -249,22 +264,54 @@ class MetaWorldEnv(gym.Env):
         if self.obs_type == "state":
             return {"state": state.astype(np.float64), "agent_pos": agent_pos, "task_index": task_index}
         return {
-            "pixels": self.render(),
+            "pixels": self._camera_image(),
             "agent_pos": agent_pos,
             "task_index": task_index,
             "state": state.astype(np.float64),
         }
 
     def render(self) -> np.ndarray:
-        """The camera image (H, W, 3) uint8, right side up."""
+        """The video frame (render_size, render_size, 3) uint8 of the camera, right side up."""
         if self._env is None:
             raise RuntimeError("render() before the first reset()")
-        image = self._env.render()
+        if self.obs_type == "state" or (self.height, self.width) == (self.render_size, self.render_size):
+            return self._camera_image()
+        check_gl()
+        try:
+            if self._video is None:
+                model = self._env.model
+                # The offscreen buffer must hold the frame (MetaWorld's models declare 640x480).
+                model.vis.global_.offwidth = max(model.vis.global_.offwidth, self.render_size)
+                model.vis.global_.offheight = max(model.vis.global_.offheight, self.render_size)
+                self._video = mujoco.Renderer(model, self.render_size, self.render_size)
+            self._video.update_scene(self._env.data, camera=self.camera)
+            return self._upright(self._video.render())  # its context is made current here
+        except Exception as e:  # MuJoCo's renders fail only where its OpenGL context cannot be made
+            raise gl_failure(e) from e
+
+    def _camera_image(self) -> np.ndarray:
+        """MetaWorld's own render (the camera observation; in state mode the video frame), right side up."""
+        check_gl()
+        try:
+            viewer = self._env.mujoco_renderer.viewer
+            if self._video is not None and viewer is not None:
+                viewer.make_context_current()  # the videos' renderer made its own current
+            image = self._env.render()
+        except Exception as e:  # MuJoCo's renders fail only where its OpenGL context cannot be made
+            raise gl_failure(e) from e
+        return self._upright(image)
+
+    def _upright(self, image: np.ndarray) -> np.ndarray:
+        """A frame of the camera right side up (MetaWorld's corner2 renders rotated by 180 degrees)."""
         if self.camera == "corner2":
             image = image[::-1, ::-1]
         return np.ascontiguousarray(image)
 
     def close(self) -> None:
+        """Free the current task's model and both renderers' OpenGL contexts."""
+        if self._video is not None:
+            self._video.close()
+            self._video = None
         if self._env is not None:
             self._env.close()
             self._env = None

@@ -4,10 +4,11 @@
 `SIGINT` (Ctrl-C) only set a flag while a trainer's loop runs; the loop reads it once per step, at the step
 boundary, saves a checkpoint and ends (`lerobot.training.progress.TrainingLoop`). A signal that arrives while a
 checkpoint is being written therefore lets the write finish. An evaluation in progress is abandoned (it
-can take minutes; the resumed run redoes the evaluation of its first step when that one was due). A second
-Ctrl-C aborts at once; outside the loop (start-up, the final clean-up) a stop signal aborts at once too, as
-there is nothing to save. On N processes the loop exchanges every process's signal once per step: one that
-reached any of them stops all at the same step, and each records which signal and which ranks got it
+can take minutes; the resumed run redoes the evaluation of its first step when that one was due), and so is
+a wait on env workers that may never answer (the online trainer's vector step, `waiting`). A Ctrl-C after
+any stop signal aborts at once; outside the loop (start-up, the final clean-up) a stop signal aborts at once
+too, as there is nothing to save. On N processes the loop exchanges every process's signal once per step: one
+that reached any of them stops all at the same step, and each records which signal and which ranks got it
 (`StopRequest.stopped`), so that the main process's stop line names them and every process exits with that
 signal's code.
 
@@ -64,6 +65,11 @@ class EvaluationInterrupted(BaseException):
     """A stop signal arrived during an evaluation; a BaseException so that no `except Exception` swallows it."""
 
 
+class WaitInterrupted(BaseException):
+    """A stop signal arrived while the loop waited on env workers (`StopRequest.waiting`): the call is
+    abandoned, and the env, whose workers may be halfway through it, must not be used again."""
+
+
 class StopRequest:
     """What the signal handlers recorded, and where the training loop stands with respect to them."""
 
@@ -73,7 +79,8 @@ class StopRequest:
         self.stop_signum: int | None = None  # the signal it stopped for (on N processes: maybe another's)
         self.received_by: tuple[int, ...] = ()  # the ranks of the processes that received that signal
         self._armed = False  # a training loop runs and will act on `signum`
-        self._in_eval = False  # ... and is evaluating
+        # What a stop signal raises while the loop evaluates or waits on env workers (None: nothing).
+        self._interrupt: type[BaseException] | None = None
         self._pid = os.getpid()  # forked workers inherit the handler; only this process acts on it
 
     @property
@@ -107,31 +114,43 @@ class StopRequest:
             self._armed = False
 
     @contextlib.contextmanager
-    def evaluating(self) -> Iterator[None]:
-        """While the loop evaluates: a stop signal abandons the evaluation (`EvaluationInterrupted`)."""
+    def _interrupted_by(self, interrupt: type[BaseException]) -> Iterator[None]:
+        """While in the block a stop signal raises `interrupt` (one already received: at once)."""
         if self.signum is not None:
-            raise EvaluationInterrupted
-        self._in_eval = True
+            raise interrupt
+        self._interrupt = interrupt
         try:
             yield
         finally:
-            self._in_eval = False
+            self._interrupt = None
+
+    def evaluating(self) -> contextlib.AbstractContextManager[None]:
+        """While the loop evaluates: a stop signal abandons the evaluation (`EvaluationInterrupted`)."""
+        return self._interrupted_by(EvaluationInterrupted)
+
+    def waiting(self) -> contextlib.AbstractContextManager[None]:
+        """While the loop waits on env workers (a stopped or hung one never answers): a stop signal abandons
+        the wait (`WaitInterrupted`), so that the loop stops at the last step it completed."""
+        return self._interrupted_by(WaitInterrupted)
 
     def handle(self, signum: int, frame: FrameType | None) -> None:
         """The signal handler (runs in the main thread between two Python bytecodes)."""
         if os.getpid() != self._pid:
             return  # a forked worker (e.g. a DataLoader's): the main process stops it when it ends
-        if not self._armed or (signum == signal.SIGINT and self.signum == signal.SIGINT):
+        # A Ctrl-C after any stop signal: whoever presses it wants out now, whatever the first one was.
+        if not self._armed or (signum == signal.SIGINT and self.signum is not None):
             raise StopAborted(signum)
         if self.signum is None:
             self.signum = signum
+            again = " again" if signum == signal.SIGINT else ""
             log.warning(
-                "%s received: stopping after the current step with a checkpoint (Ctrl-C again aborts at once)",
+                "%s received: stopping after the current step with a checkpoint (Ctrl-C%s aborts at once)",
                 self.name,
+                again,
             )
-        if self._in_eval:
-            self._in_eval = False
-            raise EvaluationInterrupted
+        if self._interrupt is not None:
+            interrupt, self._interrupt = self._interrupt, None
+            raise interrupt
 
 
 _active: StopRequest | None = None

@@ -11,15 +11,18 @@ from omegaconf import DictConfig
 from lerobot import distributed
 from lerobot.config import OFFLINE, ONLINE, policy_config
 from lerobot.errors import ConfigError
+from lerobot.evaluation import check_run_env
 from lerobot.training.offline import train_offline
 from lerobot.training.online import train_online
+from lerobot.training.update import LOWER_STEPS
 
 
-def train(cfg: DictConfig) -> Path:
+def train(cfg: DictConfig, slow_run_advice: str = LOWER_STEPS) -> Path:
     """Train the configured policy (offline or online by its `training_mode`); return the run directory.
 
     The policy config (typed and validated by `validate_run_config`) is handed to the trainer, which holds
-    the run directory's lock while it trains (`run_directory`).
+    the run directory's lock while it trains (`run_directory`). `slow_run_advice` ends the warning of a CPU
+    run that would take hours (`CpuPace`): what would be faster.
     """
     policy_cfg = policy_config(cfg)
     if policy_cfg.training_mode not in (OFFLINE, ONLINE):
@@ -29,6 +32,9 @@ def train(cfg: DictConfig) -> Path:
             f"policy {policy_cfg.name!r} learns online and trains on one process only, but "
             f"{distributed.world_size()} were launched; run it without torchrun (or with --nproc_per_node 1)"
         )
+    # Every env setting, and rendering where the run renders, is checked before anything is written: a bad
+    # one would otherwise end the run at its first evaluation, with `env.*` fixed for its resumes.
+    check_run_env(cfg, evaluates=cfg.eval.freq > 0)
     if policy_cfg.training_mode == OFFLINE:
-        return train_offline(cfg, policy_cfg)
-    return train_online(cfg, policy_cfg)
+        return train_offline(cfg, policy_cfg, slow_run_advice=slow_run_advice)
+    return train_online(cfg, policy_cfg, slow_run_advice=slow_run_advice)

@@ -23,6 +23,7 @@ from lerobot import distributed
 from lerobot.checkpoints.run import save_checkpoint
 from lerobot.config import PolicyConfig, env_config
 from lerobot.datasets import EpisodeDataset, cycle_batches, dataset_fingerprint, import_dataset, make_dataset
+from lerobot.envs.factory import env_task_names
 from lerobot.errors import ConfigError
 from lerobot.policies.online_policy import OnlinePolicy
 from lerobot.policies.policy import Policy
@@ -30,7 +31,15 @@ from lerobot.policy_registry import make_policy
 from lerobot.training.guard import DivergenceGuard
 from lerobot.training.progress import TrainingLoop
 from lerobot.training.run_dir import check_training_data, run_directory
-from lerobot.training.update import CpuPace, LogWindow, TrainStep, restore, to_device
+from lerobot.training.update import (
+    LOWER_STEPS,
+    CpuPace,
+    LogWindow,
+    TrainStep,
+    nothing_to_train,
+    restore,
+    to_device,
+)
 
 log = logging.getLogger(__name__)
 
@@ -72,9 +81,12 @@ def save(
     save_checkpoint(run_dir, step, policy, cfg, training_state, eval_state_dict=model, data_fingerprint=data)
 
 
-def train_offline(cfg: DictConfig, policy_cfg: PolicyConfig, progress: bool = True) -> Path:
+def train_offline(
+    cfg: DictConfig, policy_cfg: PolicyConfig, progress: bool = True, slow_run_advice: str = LOWER_STEPS
+) -> Path:
     """Train the policy of `policy_cfg` on the demonstrations per the run config `cfg`; return the run
-    directory."""
+    directory. `slow_run_advice`: what would be faster, said when the run would take hours on a CPU
+    (`CpuPace`)."""
     env_cfg = env_config(cfg)
     batch_size = cfg.training.batch_size or policy_cfg.batch_size  # the global batch
     distributed.shard_size(batch_size)  # fails before any process waits for another
@@ -86,7 +98,14 @@ def train_offline(cfg: DictConfig, policy_cfg: PolicyConfig, progress: bool = Tr
         distributed.on_main(lambda: import_dataset(cfg.dataset))
         # Every process draws the same random numbers: each takes its slice of the global batch's draws.
         distributed.set_seed(cfg.seed)
-        dataset = make_dataset(cfg.dataset, env_cfg, policy_cfg.delta_timestamps(env_cfg.fps), split="train")
+        # A multi-task env trains on the episodes of its tasks (`env.task`), which the saved config names.
+        dataset = make_dataset(
+            cfg.dataset,
+            env_cfg,
+            policy_cfg.delta_timestamps(env_cfg.fps),
+            split="train",
+            tasks=env_task_names(env_cfg),
+        )
         data = dataset_fingerprint(cfg.dataset, dataset.root)
         if resume_from is not None:  # the checkpoint's data, unless training.allow_other_data
             check_training_data(resume_from, data, cfg)
@@ -98,6 +117,8 @@ def train_offline(cfg: DictConfig, policy_cfg: PolicyConfig, progress: bool = Tr
             state = restore(resume_from, update)
             step, rng = state["step"], state["rng"]  # the random states are set once the loader exists
             log.info("resumed from %s at step %d", resume_from, step)
+            if nothing_to_train(step, cfg.training.steps):
+                return run_dir
         # Creating the loader iterator draws from the global RNG (its base seed), so it is created before the
         # saved RNG state is restored: after that, a resumed run consumes random numbers exactly as the
         # uninterrupted one did.
@@ -114,7 +135,7 @@ def train_offline(cfg: DictConfig, policy_cfg: PolicyConfig, progress: bool = Tr
             distributed.set_rng_state(rng)
 
         window = LogWindow(wait="data_s", rate="samples_per_s", samples_per_step=batch_size)
-        pace = CpuPace(device, cfg.training.steps - step)
+        pace = CpuPace(device, cfg.training.steps - step, advice=slow_run_advice)
         with (
             TrainingLoop(
                 cfg, run_dir, start=step, resumed=resume_from is not None, unit="step", progress=progress

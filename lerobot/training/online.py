@@ -26,6 +26,13 @@ Counting (SB3 semantics, all counts in transitions over all envs unless said oth
 
 Autoreset: the train envs use `AutoresetMode.SAME_STEP`, so every vector step is a real transition for every env;
 the replay buffer stores `info["final_obs"]` as the next observation of an episode's last step.
+
+Stops and faults: a stop signal is honoured at the next vector step or update, not only after a whole
+collection and its updates (TD-MPC's first burst is 5,000 updates, minutes on a CPU): the checkpoint then
+records the vector steps taken of the collection under way and the updates still owed for the last one
+(`Counts`), which the resumed run takes and makes first. With async envs (`training.use_async_envs`) every
+step waits at most `eval.step_timeout_s` on the workers, a stop signal abandons the wait, and a worker that
+dies or does not answer ends the run with one line naming it, after a checkpoint of the last step completed.
 """
 
 from __future__ import annotations
@@ -33,31 +40,47 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from gymnasium.vector import AutoresetMode
+from gymnasium.vector import AsyncVectorEnv, AutoresetMode
 from omegaconf import DictConfig
 
 from lerobot import distributed
-from lerobot.checkpoints.run import save_checkpoint
+from lerobot.checkpoints.run import latest_checkpoint, save_checkpoint
 from lerobot.config import EnvConfig, PolicyConfig, env_config
 from lerobot.constants import ACTION, EPISODE_INDEX, NEXT_REWARD, REPLAY_INDEX, SAMPLE_PRIORITY
-from lerobot.envs import make_env, observation_to_batch
-from lerobot.errors import ConfigError
+from lerobot.envs import close_now, make_env, observation_to_batch
+from lerobot.envs.faults import Watchdog
+from lerobot.errors import ConfigError, EnvWorkerError
 from lerobot.policies.online_policy import OnlinePolicy
 from lerobot.policy_registry import make_policy
-from lerobot.rollout import act
+from lerobot.rollout import ASYNC_RESET_TIMEOUT_S, act, reset_envs, step_envs
+from lerobot.runtime import signals
+from lerobot.runtime.signals import WaitInterrupted
 from lerobot.training.guard import DivergenceGuard
 from lerobot.training.progress import TrainingLoop
 from lerobot.training.replay_buffer import ReplayBuffer, sample_mixed
 from lerobot.training.run_dir import check_training_data, run_directory
-from lerobot.training.update import LogWindow, TrainStep, restore, to_device
+from lerobot.training.update import (
+    LOWER_STEPS,
+    CpuPace,
+    LogWindow,
+    TrainStep,
+    nothing_to_train,
+    restore,
+    to_device,
+)
 
 log = logging.getLogger(__name__)
+
+# Collections timed (after one more, which warms up) for a CPU run's estimate of its time (`CpuPace`): a
+# TD-MPC recipe's take 0.1 s each on a CPU, and updates alternate between collections when utd_ratio < 1.
+PACE_COLLECTIONS = 10
 
 
 @dataclass
@@ -192,6 +215,12 @@ class Counts:
     updates: int = 0
     # Wall time spent collecting and updating (evaluation and checkpoints excluded), over the whole run.
     train_time_s: float = 0.0
+    # Vector steps taken of the collection under way (0 between collections): a stop or a failed env worker
+    # may end one halfway, and the resumed run takes the rest before that collection's updates.
+    collection_steps: int = 0
+    # Updates due after the last collection and not made yet (a stop in the middle of them); the resumed
+    # run makes them before it collects again.
+    updates_owed: int = 0
 
 
 class Collector:
@@ -202,6 +231,11 @@ class Collector:
     `explore` on, through the acting step `lerobot.rollout.act`) afterwards; a NaN or infinite one stops
     the run before it reaches an env (it would poison the env's state and the replay buffer). `episodes`
     gathers the returns and lengths of the episodes the envs finish.
+
+    Async envs wait at most `step_timeout_s` for a step (a watchdog enforces it; None: no limit, resets then
+    wait `ASYNC_RESET_TIMEOUT_S`): a worker that dies or does not answer raises `EnvWorkerError` naming it,
+    and a stop signal abandons the wait (`WaitInterrupted`). Either way the workers are killed at once, and
+    the envs are not used again.
     """
 
     # What the message of a non-finite action advises.
@@ -218,6 +252,7 @@ class Collector:
         buffer: ReplayBuffer,
         schedule: UpdateSchedule,
         device: torch.device,
+        step_timeout_s: float | None = None,
     ):
         self.envs = make_env(
             env_cfg, n_envs, use_async=use_async, autoreset_mode=AutoresetMode.SAME_STEP, render_mode=None
@@ -227,13 +262,33 @@ class Collector:
         self.buffer = buffer
         self.schedule = schedule
         self.device = device
+        self.step_timeout_s = step_timeout_s
+        self.reset_timeout_s = ASYNC_RESET_TIMEOUT_S if step_timeout_s is None else step_timeout_s
+        self.watchdog = Watchdog(self.envs) if isinstance(self.envs, AsyncVectorEnv) else None
         self.obs: dict[str, np.ndarray] = {}
         self.episodes = _EpisodeStats(n_envs)
+
+    def _wait(self, call: Callable[..., Any], *args: Any) -> Any:
+        """`call(self.envs, *args)` (`step_envs`, `reset_envs`). On async envs a stop signal abandons the wait
+        (`WaitInterrupted`): a stopped or hung worker would keep the run from stopping. A sync env's call
+        runs env code in this process, which a signal must not cut (`lerobot.envs.faults.ENV_CALLS`), and
+        ends within the step's time."""
+        if self.watchdog is None:
+            return call(self.envs, *args)
+        stop = signals.active()
+        try:
+            with stop.waiting() if stop is not None else contextlib.nullcontext():
+                return call(self.envs, *args)
+        except (WaitInterrupted, EnvWorkerError):
+            close_now(self.envs)  # workers halfway through a call, or dead, or stopped: never waited on
+            raise
 
     def start(self, seed: int) -> None:
         """Start fresh episodes in every env: env `i` is reset with `seed + i`; actions and noise are reseeded."""
         self.envs.action_space.seed(seed)
-        self.obs, _ = self.envs.reset(seed=[seed + i for i in range(self.n_envs)])
+        seeds = [seed + i for i in range(self.n_envs)]
+        self.obs, _ = self._wait(reset_envs, seeds, None, self.reset_timeout_s, self.watchdog)
+        self.buffer.start_episodes()  # a resumed buffer's last episodes end where they were cut
         self.reset_policy(seed)
 
     def reset_policy(self, seed: int) -> None:
@@ -241,22 +296,26 @@ class Collector:
         self.policy.reset()
         self.policy.set_noise_seed(seed)
 
-    def collect(self, transitions: int) -> int:
-        """Take `train_freq` vector steps, `transitions` having been collected before; return the new total."""
+    def collect(self, counts: Counts, stop_requested: Callable[[], bool]) -> None:
+        """Take the vector steps left of the collection under way (`train_freq` less
+        `counts.collection_steps`), each counted in `counts` once its transitions are stored, until
+        `stop_requested()` says otherwise at a step boundary."""
 
         def describe_slot(slot: int) -> str:  # read when an action is refused: the count at that step
-            return f"train env slot {slot} after {transitions} transitions"
+            return f"train env slot {slot} after {counts.transitions} transitions"
 
         self.policy.eval()
         self.policy.explore = True
         try:
-            for _ in range(self.schedule.train_freq):
-                self.policy.set_progress(transitions)
-                if self.schedule.random_actions(transitions):
+            while counts.collection_steps < self.schedule.train_freq and not stop_requested():
+                self.policy.set_progress(counts.transitions)
+                if self.schedule.random_actions(counts.transitions):
                     action = self.envs.action_space.sample()
                 else:
                     action = act(self.policy, self.obs, self.device, describe_slot, self.NON_FINITE_ADVICE)
-                next_obs, reward, terminated, truncated, info = self.envs.step(action)
+                next_obs, reward, terminated, truncated, info = self._wait(
+                    step_envs, action, self.step_timeout_s, self.watchdog
+                )
                 self.buffer.add_env_step(
                     self.obs, action, reward, next_obs, terminated, truncated, info, AutoresetMode.SAME_STEP,
                     to_batch=observation_to_batch,
@@ -267,13 +326,15 @@ class Collector:
                     # New episodes start in these slots: no history or warm-started plan from the old ones.
                     self.policy.reset(np.flatnonzero(done))
                 self.obs = next_obs
-                transitions += self.n_envs
+                counts.transitions += self.n_envs
+                counts.collection_steps += 1
         finally:
             self.policy.explore = False  # evaluation and checkpoints never see exploration on
-        return transitions
 
     def close(self) -> None:
-        """Close the train envs."""
+        """Close the train envs (at once where a call to their workers was cut short, `close_now`)."""
+        if self.watchdog is not None:
+            self.watchdog.close()
         self.envs.close()
 
 
@@ -299,6 +360,8 @@ def checkpoint_state(
         "schedule": schedule.state_dict(),
         "transitions": counts.transitions,
         "updates": counts.updates,
+        "collection_steps": counts.collection_steps,
+        "updates_owed": counts.updates_owed,
         "rng": distributed.get_rng_state(),
         "train_time_s": counts.train_time_s,
     }
@@ -321,27 +384,53 @@ def load_checkpoint_state(
     """Load the checkpoint in `ckpt_dir` (`checkpoint_state`) into the run's objects and the global random
     states; return its counts.
 
-    The replay buffer is restored when the checkpoint holds one, else `buffer` stays empty.
+    The replay buffer is restored when the checkpoint holds one, else `buffer` stays empty; one saved with
+    another `training.n_envs` or `buffer_capacity` (a branch, `training.init_from`) is copied into this
+    run's layout (`ReplayBuffer.load_state_dict`).
     """
     state = restore(ckpt_dir, update)
     schedule.load_state_dict(state["schedule"])
-    counts = Counts(state["transitions"], state["updates"], float(state.get("train_time_s", 0.0)))
+    counts = Counts(
+        state["transitions"],
+        state["updates"],
+        float(state.get("train_time_s", 0.0)),
+        # Checkpoints written before a stop could cut a collection or its updates short hold neither.
+        int(state.get("collection_steps", 0)),
+        int(state.get("updates_owed", 0)),
+    )
     distributed.set_rng_state(state["rng"])
     if "replay_buffer" in state:
-        buffer.load_state_dict(state["replay_buffer"])
-    log.info("resumed from %s at %d transitions (%d updates)", ckpt_dir, counts.transitions, counts.updates)
+        saved = state["replay_buffer"]
+        buffer.load_state_dict(saved)
+        if (saved["rows"], saved["n_envs"]) != (buffer.rows, buffer.n_envs):
+            log.info(
+                "the replay buffer's %d transitions of %d envs copied into %d rows x %d envs: %d kept (the "
+                "newest of each env)",
+                int(saved["data"]["valid"].sum()) if saved["data"] else 0,
+                saved["n_envs"],
+                buffer.rows,
+                buffer.n_envs,
+                len(buffer),
+            )
+    owed = f", {counts.updates_owed} updates owed" if counts.updates_owed else ""
+    log.info(
+        "resumed from %s at %d transitions (%d updates%s)", ckpt_dir, counts.transitions, counts.updates, owed
+    )
     return counts
 
 
-def train_online(cfg: DictConfig, policy_cfg: PolicyConfig, progress: bool = True) -> Path:
+def train_online(
+    cfg: DictConfig, policy_cfg: PolicyConfig, progress: bool = True, slow_run_advice: str = LOWER_STEPS
+) -> Path:
     """Train an `OnlinePolicy` (TD-MPC) as configured; return the run directory.
 
     `cfg` is the validated root config, `policy_cfg` its policy section built (`make_policy_config`).
     With `training.resume=true` and `output_dir` pointing at an earlier
     run, continues from its last checkpoint: weights, optimiser, schedule, counters and random states, and the
     replay buffer when it was saved (`training.save_buffer`). Without a saved buffer, updates wait until
-    `learning_starts` new transitions (collected by the restored policy) are in the buffer. Env states are not
-    saved: a resumed run starts fresh episodes.
+    `learning_starts` new transitions (collected by the restored policy) are in the buffer (the updates a
+    stop left owed are made then). Env states are not saved: a resumed run starts fresh episodes.
+    `slow_run_advice`: what would be faster, said when the run would take hours on a CPU (`CpuPace`).
     """
     # Locked until training ends (`run_directory`).
     with run_directory(cfg) as (run_dir, resume_from):
@@ -349,14 +438,6 @@ def train_online(cfg: DictConfig, policy_cfg: PolicyConfig, progress: bool = Tru
         env_cfg = env_config(cfg)
         # As offline: the policy's config stays as validation built it.
         batch_size = tcfg.batch_size or policy_cfg.batch_size
-        if not 0.0 <= tcfg.offline_ratio <= 1.0:
-            raise ConfigError(f"training.offline_ratio={tcfg.offline_ratio} must be in [0, 1]")
-        if tcfg.per_alpha < 0:
-            raise ConfigError(f"training.per_alpha={tcfg.per_alpha} must be >= 0 (0: uniform replay)")
-        if not 0.0 <= tcfg.per_beta <= 1.0:
-            raise ConfigError(
-                f"training.per_beta={tcfg.per_beta} must be in [0, 1] (1: full bias correction)"
-            )
         device = distributed.resolve_device(cfg.device)
         distributed.set_seed(cfg.seed)
         policy = make_online_policy(policy_cfg, device)
@@ -381,10 +462,21 @@ def train_online(cfg: DictConfig, policy_cfg: PolicyConfig, progress: bool = Tru
                 check_training_data(resume_from, data, cfg)
         resumed = resume_from is not None
         counts = load_checkpoint_state(resume_from, update, schedule, buffer) if resumed else Counts()
+        if nothing_to_train(counts.transitions, tcfg.steps):
+            return run_dir
         # Resumed without a saved buffer: no updates until it holds `learning_starts` transitions again.
         refill_needed = tcfg.learning_starts if resumed and len(buffer) == 0 else 0
 
-        collector = Collector(env_cfg, tcfg.n_envs, tcfg.use_async_envs, policy, buffer, schedule, device)
+        collector = Collector(
+            env_cfg,
+            tcfg.n_envs,
+            tcfg.use_async_envs,
+            policy,
+            buffer,
+            schedule,
+            device,
+            cfg.eval.step_timeout_s,
+        )
         with (
             contextlib.closing(collector),
             TrainingLoop(
@@ -392,19 +484,54 @@ def train_online(cfg: DictConfig, policy_cfg: PolicyConfig, progress: bool = Tru
             ) as loop,
             DivergenceGuard(run_dir, update.advice(), keep=tcfg.keep_checkpoints) as guard,
         ):
+            saved = (counts.transitions, counts.updates)  # what the last checkpoint holds (fresh: nothing)
+
+            def checkpoint() -> None:
+                nonlocal saved
+                update.metrics.check_finite()  # never save diverged weights
+                kept = buffer if tcfg.save_buffer else None
+                save(run_dir, policy, cfg, checkpoint_state(update, schedule, counts, kept), data)
+                guard.saved(counts.transitions)
+                saved = (counts.transitions, counts.updates)
+
             if loop.eval_pending:
                 loop.evaluate(policy)
-            # Seeds derived from the transition count, so a resumed run does not replay the episodes it saw.
-            collector.start(cfg.seed + counts.transitions)
             window = LogWindow(wait="collect_s", rate="env_steps_per_s")
+
+            def can_sample() -> bool:  # else no updates are due for a collection (counting is not free)
+                return len(buffer) >= refill_needed and buffer.filled_rows >= horizon
+
+            ready = can_sample()
+            # Timed once the loop runs as it will to the end: the policy acts and the first burst is made.
+            pace: CpuPace | None = None
+            started = False
             while loop.running:
                 t_collect = time.perf_counter()
-                counts.transitions = collector.collect(counts.transitions)
+                before = counts.transitions
+                collected_all = False
+                try:
+                    if not started:
+                        # Seeds from the transition count, so a resumed run does not replay the episodes it saw.
+                        collector.start(cfg.seed + counts.transitions)
+                        started = True
+                    # Owed updates come first, once there is something to sample them from.
+                    if counts.updates_owed == 0 or not ready:
+                        collector.collect(counts, lambda: loop.stop_requested)
+                        ready = can_sample()
+                        if counts.collection_steps >= tcfg.train_freq:
+                            collected_all, counts.collection_steps = True, 0
+                            due_now = schedule.updates_after_collection(counts.transitions)
+                            counts.updates_owed += due_now if ready else 0
+                except WaitInterrupted:
+                    pass  # the stop signal that cut the wait ends the loop at the last step completed
+                except EnvWorkerError as e:
+                    if (counts.transitions, counts.updates) != saved:
+                        checkpoint()
+                    raise EnvWorkerError(f"{e}; {_where_it_stopped(run_dir, counts)}") from None
                 t_update = time.perf_counter()
-                n_updates = schedule.updates_after_collection(counts.transitions)
-                if len(buffer) < refill_needed or buffer.filled_rows < horizon:
-                    n_updates = 0
-                for _ in range(n_updates):
+                n_updates = 0
+                # One update at a time, so that a stop signal is honoured between two of a long burst.
+                while counts.updates_owed > 0 and ready and not loop.stop_requested:
                     batch = sample_mixed(buffer, demos, batch_size, horizon, tcfg.offline_ratio)
                     where = f"update {counts.updates + 1} ({counts.transitions} transitions)"
                     output = update(to_device(batch, device), where=where)  # queues the work
@@ -413,10 +540,22 @@ def train_online(cfg: DictConfig, policy_cfg: PolicyConfig, progress: bool = Tru
                     guard.updated()
                     policy.update_target()
                     counts.updates += 1
-                window.waited(t_update - t_collect, times=tcfg.train_freq)  # per vector env step
-                collected = schedule.transitions_per_collection
+                    counts.updates_owed -= 1
+                    n_updates += 1
+                collected = counts.transitions - before
+                window.waited(t_update - t_collect, times=collected // tcfg.n_envs)  # per vector env step
                 window.counted(steps=collected, updates=n_updates, update_s=time.perf_counter() - t_update)
                 counts.train_time_s += time.perf_counter() - t_collect
+                if collected_all and before > tcfg.learning_starts and ready:
+                    if pace is None:
+                        pace = CpuPace(
+                            device,
+                            tcfg.steps - before,
+                            warm_up=1,
+                            measured=PACE_COLLECTIONS,
+                            advice=slow_run_advice,
+                        )
+                    pace.step(collected)
                 due = loop.advance(counts.transitions - loop.step)
 
                 if due.log:
@@ -432,17 +571,25 @@ def train_online(cfg: DictConfig, policy_cfg: PolicyConfig, progress: bool = Tru
                             "train_time_s": counts.train_time_s,
                         }
                     )
-                if due.checkpoint or due.eval:
-                    update.metrics.check_finite()  # never save or evaluate diverged weights
-                kept = buffer if tcfg.save_buffer else None
                 if due.checkpoint:
-                    save(run_dir, policy, cfg, checkpoint_state(update, schedule, counts, kept), data)
-                    guard.saved(counts.transitions)
+                    checkpoint()
                 if due.eval:
+                    update.metrics.check_finite()  # never evaluate diverged weights
                     loop.evaluate(policy)
                     # The evaluation envs went through the policy: back to a clean state for the train envs.
                     collector.reset_policy(cfg.seed + counts.transitions)
                     if loop.eval_abandoned and not due.checkpoint:  # so that the resumed run redoes it
-                        save(run_dir, policy, cfg, checkpoint_state(update, schedule, counts, kept), data)
-                        guard.saved(counts.transitions)
+                        checkpoint()
     return run_dir
+
+
+def _where_it_stopped(run_dir: Path, counts: Counts) -> str:
+    """What an env worker's failure leaves of the run, for its one line: the checkpoint of the last step
+    completed, and how to resume from it."""
+    last = latest_checkpoint(run_dir)
+    if last is None:
+        return "no checkpoint was saved: run the command again to start over"
+    return (
+        f"checkpoint {last.name} holds the run at {counts.transitions} transitions, the last step completed: "
+        f"relaunch with output_dir={run_dir} to resume"
+    )

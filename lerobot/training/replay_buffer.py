@@ -386,13 +386,21 @@ class ReplayBuffer:
             "max_priority": self.max_priority,
         }
 
+    def start_episodes(self) -> None:
+        """Every env starts a new episode outside `add` (reset by the caller, e.g. a resumed run's fresh
+        episodes): the next transitions of an env whose episode was under way belong to a new episode, so
+        that no sub-trajectory joins the two."""
+        self._cur_episode += (self._cur_step > 0).long()
+        self._cur_step.zero_()
+        self._autoreset_pending.zero_()
+
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore a `state_dict` into a buffer of the same shape (rows, n_envs)."""
+        """Restore a `state_dict`: exactly into a buffer of the same shape (rows, n_envs), else (a branch
+        with another `training.n_envs` or `buffer_capacity`) its transitions copied into this layout
+        (`_relayout`)."""
         if state["rows"] != self.rows or state["n_envs"] != self.n_envs:
-            raise ValueError(
-                f"saved buffer has {state['rows']} rows x {state['n_envs']} envs, this one "
-                f"{self.rows} x {self.n_envs}; resume with the same buffer_capacity and n_envs"
-            )
+            self._relayout(state)
+            return
         self.pos, self.full = int(state["pos"]), bool(state["full"])
 
         def restore(saved: Mapping[str, Tensor]) -> dict[str, Tensor]:
@@ -416,6 +424,61 @@ class ReplayBuffer:
         if self.data and "priority" not in self.data:
             self.data["priority"] = torch.ones(self.rows, self.n_envs)
         self.max_priority = float(state.get("max_priority", 1.0))
+
+    def _relayout(self, state: Mapping[str, Any]) -> None:
+        """Copy the transitions of a saved buffer of another shape into this one, as sub-trajectories of
+        the same episodes.
+
+        Saved env `e`'s valid transitions, oldest first, go to env `e % n_envs` of this buffer, after those
+        of the saved envs before it that share that env; where they do not all fit, each saved env keeps its
+        newest `rows // ceil(saved envs / n_envs)`. The columns end on the same row (the newest transitions
+        last, shorter columns start with unwritten rows). Episodes are renumbered so that no two share a
+        number in one env, every env starts a new episode at its next `add` (the caller resets its envs),
+        and the priorities and the sampling generator are carried over.
+        """
+        saved, saved_envs, pos = state["data"], int(state["n_envs"]), int(state["pos"])
+        self.generator.set_state(state["generator"])
+        self.max_priority = float(state.get("max_priority", 1.0))
+        if not saved:  # nothing was ever added
+            return
+        filled = saved["valid"].shape[0]
+        oldest_first = torch.arange(filled)
+        if state["full"]:
+            oldest_first = torch.cat([oldest_first[pos:], oldest_first[:pos]])
+        keep = self.rows // -(-saved_envs // self.n_envs)
+        columns: list[list[tuple[int, Tensor]]] = [[] for _ in range(self.n_envs)]
+        for e in range(saved_envs):
+            rows = oldest_first[saved["valid"][oldest_first, e]]
+            columns[e % self.n_envs].append((e, rows[rows.numel() - keep :] if keep else rows[:0]))
+        length = max(sum(rows.numel() for _, rows in column) for column in columns)
+
+        def empty(tensors: Mapping[str, Tensor]) -> dict[str, Tensor]:
+            return {k: v.new_zeros(self.rows, self.n_envs, *v.shape[2:]) for k, v in tensors.items()}
+
+        self.obs, self.next_obs, self.data = empty(state["obs"]), empty(state["next_obs"]), empty(saved)
+        if self.data and "priority" not in self.data:  # saved before priorities were kept
+            self.data["priority"] = torch.ones(self.rows, self.n_envs)
+        for j, column in enumerate(columns):
+            row = length - sum(rows.numel() for _, rows in column)
+            episodes_before = 0
+            for e, rows in column:
+                span = slice(row, row + rows.numel())
+                for mine, theirs in (
+                    (self.obs, state["obs"]),
+                    (self.next_obs, state["next_obs"]),
+                    (self.data, saved),
+                ):
+                    for k, v in theirs.items():
+                        mine[k][span, j] = v[rows, e]
+                if rows.numel():
+                    episode = saved["episode"][rows, e]
+                    self.data["episode"][span, j] = episode - episode.min() + episodes_before
+                    episodes_before += int(episode.max() - episode.min()) + 1
+                row = span.stop
+            self._cur_episode[j] = episodes_before
+        self._cur_step.zero_()
+        self._autoreset_pending.zero_()
+        self.pos, self.full = length % self.rows, length == self.rows
 
 
 def sample_mixed(

@@ -90,10 +90,10 @@ def run_directory(cfg: DictConfig) -> Iterator[tuple[Path, Path | None]]:
         def claim() -> tuple[Path, Path | None]:
             run_dir = _name_run_dir(cfg)
             made = _missing_dirs(run_dir)
-            had_lock_file = (run_dir / LOCK_FILE).exists()
+            before = set(os.listdir(run_dir)) if run_dir.is_dir() else set()
             owned.enter_context(RunLock(run_dir))
             # Runs before the lock is released (the stack unwinds in reverse).
-            owned.push(lambda typ, *_: typ is not None and _undo_start(run_dir, made, had_lock_file))
+            owned.push(lambda typ, *_: typ is not None and _undo_start(run_dir, made, before))
             # Before looking for checkpoints: a complete temporary may be put in place.
             remove_stale_temporaries(run_dir)
             set_aside_strays(run_dir)
@@ -119,20 +119,20 @@ def _missing_dirs(run_dir: Path) -> list[Path]:
     return missing
 
 
-def _undo_start(run_dir: Path, made: list[Path], had_lock_file: bool) -> bool:
-    """After a launch into `run_dir` failed: when it wrote nothing of the run (no checkpoint, no metrics
-    record, no evaluation; only the lock file and the curves of no records), remove what it made, the lock
-    file (unless one was there before) and the directories of `made` (`_missing_dirs`). Returns False, so
-    that the exception goes on."""
+def _undo_start(run_dir: Path, made: list[Path], before: set[str]) -> bool:
+    """After a launch into `run_dir` failed: when it added nothing of the run (no checkpoint, no metrics
+    record, no evaluation; only the lock file, an empty metrics file and the curves of no records), remove
+    what it added (never an entry of `before`, what the directory held already: a user's files, a lock file
+    left by an earlier run) and the directories of `made` (`_missing_dirs`). Returns False, so that the
+    exception goes on."""
     try:
-        entries = set(os.listdir(run_dir))
-        metrics = run_dir / METRICS_FILE
-        if metrics.exists() and metrics.stat().st_size == 0:
-            entries.discard(METRICS_FILE)
-        if not entries <= {LOCK_FILE, CURVES_FILE}:
+        added = set(os.listdir(run_dir)) - before
+        if METRICS_FILE in added and (run_dir / METRICS_FILE).stat().st_size > 0:
             return False
-        for name in (CURVES_FILE, METRICS_FILE, *([] if had_lock_file else [LOCK_FILE])):
-            (run_dir / name).unlink(missing_ok=True)
+        if not added <= {LOCK_FILE, CURVES_FILE, METRICS_FILE}:
+            return False
+        for name in added:
+            (run_dir / name).unlink()
         for path in made:
             path.rmdir()  # stops at the first that holds anything (OSError)
         if made:

@@ -30,11 +30,11 @@ from lerobot.policies.policy import Policy
 
 log = logging.getLogger(__name__)
 
-# A CPU run whose measured pace puts its end further away than this gets a warning naming `CPU_RECIPE`, the
-# override that composes the CPU recipe of the policy and env (lerobot/cli/recipes.py).
+# A CPU run whose measured pace puts its end further away than this gets a warning saying what would be
+# faster: `LOWER_STEPS`, or what the command line knows of the recipes of the run's policy and env
+# (`lerobot.cli.recipes.slow_cpu_run_advice`).
 CPU_WARN_HOURS = 6.0
-CPU_RECIPE = "recipe=auto"
-GPU_RECIPE = "+experiment=diffusion_pusht_gpu"
+LOWER_STEPS = "lower training.steps"
 
 
 def build_optimizer(
@@ -399,16 +399,15 @@ def to_device(batch: dict[str, Tensor], device: torch.device) -> dict[str, Tenso
     }
 
 
-def cpu_run_warning(step_s: float, steps_left: int) -> str | None:
-    """The warning for a CPU run of `steps_left` more steps at `step_s` seconds each, or None when it ends
-    within `CPU_WARN_HOURS`."""
+def cpu_run_warning(step_s: float, steps_left: int, advice: str = LOWER_STEPS) -> str | None:
+    """The warning for a CPU run of `steps_left` more steps at `step_s` seconds each, ending with `advice`
+    (what would be faster), or None when it ends within `CPU_WARN_HOURS`."""
     hours = step_s * steps_left / 3600
     if hours <= CPU_WARN_HOURS:
         return None
     return (
         f"on the CPU this run takes about {hours:,.0f} hours ({step_s:.2f} s per step, {steps_left:,} steps "
-        f"left); the paper-size models need a GPU ({GPU_RECIPE}); on a CPU, {CPU_RECIPE} trains the CPU recipe "
-        "of the policy and env where there is one (1 to 3 hours on 2 idle cores); or lower training.steps"
+        f"left); {advice}"
     )
 
 
@@ -423,29 +422,57 @@ def cpu_run_estimate(step_s: float, steps_left: int) -> str:
 
 
 class CpuPace:
-    """Measures the first steps of a CPU run (after `warm_up` steps, which include one-time setup) and logs
-    once, early, `cpu_run_warning` when the run would take far too long, else `cpu_run_estimate`. Does
-    nothing off the CPU."""
+    """Measures the first iterations of a CPU run's loop (after `warm_up` of them, which include one-time
+    setup) and logs once, early, `cpu_run_warning` (ending with `advice`) when the run would take far too
+    long, else `cpu_run_estimate`. An iteration is one step offline, one collection and its updates online
+    (`n` steps: the transitions collected). Does nothing off the CPU."""
 
-    def __init__(self, device: torch.device, steps_left: int, warm_up: int = 1, measured: int = 2):
+    def __init__(
+        self,
+        device: torch.device,
+        steps_left: int,
+        warm_up: int = 1,
+        measured: int = 2,
+        advice: str = LOWER_STEPS,
+    ):
         self.active = device.type == "cpu" and steps_left > warm_up + measured
         self.steps_left = steps_left
         self.warm_up, self.measured = warm_up, measured
-        self.done = 0
+        self.advice = advice
+        self.done = 0  # iterations counted
+        self.steps = 0  # steps counted
         self._start = 0.0
+        self._steps_before = 0  # steps counted when the measurement began
 
-    def step(self) -> None:
-        """Count one finished step; after `warm_up + measured` of them, log the warning or the estimate."""
+    def step(self, n: int = 1) -> None:
+        """Count one finished iteration of `n` steps; after `warm_up + measured` of them, log the warning
+        or the estimate."""
         if not self.active:
             return
         self.done += 1
+        self.steps += n
         if self.done == self.warm_up:
-            self._start = time.perf_counter()
+            self._start, self._steps_before = time.perf_counter(), self.steps
         elif self.done == self.warm_up + self.measured:
             self.active = False
-            step_s = (time.perf_counter() - self._start) / self.measured
-            warning = cpu_run_warning(step_s, self.steps_left - self.done)
+            step_s = (time.perf_counter() - self._start) / max(self.steps - self._steps_before, 1)
+            warning = cpu_run_warning(step_s, self.steps_left - self.steps, self.advice)
             if warning is not None:
                 log.warning(warning)
             else:
-                log.info(cpu_run_estimate(step_s, self.steps_left - self.done))
+                log.info(cpu_run_estimate(step_s, self.steps_left - self.steps))
+
+
+def nothing_to_train(step: int, total: int) -> bool:
+    """Whether a resumed run already stands past `training.steps` (`total`); if so, says so in one line
+    (nothing is trained, and the command ends as a finished run does)."""
+    if step <= total:
+        return False
+    log.warning(
+        "the run stands at step %d, past training.steps=%d: nothing to train (raise training.steps above %d to "
+        "continue it)",
+        step,
+        total,
+        step,
+    )
+    return True
