@@ -20,7 +20,8 @@ from pathlib import Path
 from bench_envs import RecordingVectorEnv, raw_steps_per_s, replay_steps_per_s
 from common import RESULTS_DIR, keep_previous_rows, load_env, print_table, save_results
 
-from lerobot.checkpoints.run import load_run_policy, resolve_checkpoint_dir
+from lerobot.checkpoints.run import load_run_policy
+from lerobot.checkpoints.run_layout import resolve_checkpoint_dir
 from lerobot.cli.compose import checkpoint_config
 from lerobot.config import env_config
 from lerobot.envs import make_env

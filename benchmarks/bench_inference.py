@@ -546,10 +546,11 @@ def parity(
     seed (`set_seed` before `eval_policy`: the policy's sampling noise); rows per (run, noise seed) and
     pooled over the noise seeds. The spread between noise seeds of one run shows what chance alone does.
     """
-    from lerobot.checkpoints.run import load_run_policy, resolve_checkpoint_dir
+    from lerobot.checkpoints.run import load_run_policy
+    from lerobot.checkpoints.run_layout import resolve_checkpoint_dir
     from lerobot.cli.compose import checkpoint_config
     from lerobot.config import env_config
-    from lerobot.distributed import set_seed
+    from lerobot.random_state import set_seed
     from lerobot.envs import make_env
     from lerobot.envs.observation import observation_to_batch
     from lerobot.rollout import eval_policy

@@ -269,7 +269,8 @@ def compare(args: argparse.Namespace) -> dict:
 
 def final_eval(args: argparse.Namespace) -> dict:
     """Evaluate every run's last checkpoint on more episodes; `pc_solved` = % of episodes with return > -400."""
-    from lerobot.checkpoints.run import latest_checkpoint, load_run_policy
+    from lerobot.checkpoints.run import load_run_policy
+    from lerobot.checkpoints.run_layout import latest_checkpoint
     from lerobot.envs import make_env
     from lerobot.rollout import eval_policy
 

@@ -135,7 +135,7 @@ def diffusion_row(name: str, overrides: list[str], steps: int, variants: list[st
 
 
 def tdmpc_row(name: str, overrides: list[str], steps: int, variants: list[str]) -> list[dict]:
-    from lerobot.training.online import load_demonstrations
+    from lerobot.training.demonstrations import load_demonstrations
 
     cfg = compose_config(overrides)
     env_cfg = env_config(cfg)

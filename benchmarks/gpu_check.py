@@ -44,6 +44,7 @@ import torch
 from bench_inference import synthetic_stats
 from bench_train import default_data_root
 from common import RESULTS_DIR, machine_info
+from tiny import PUSHT_8PX, TINY_ACT, TINY_DIFFUSION, TINY_TDMPC
 
 from lerobot.accel import accelerated
 from lerobot.cli import compose_config, eval_main, train_main
@@ -60,29 +61,11 @@ TDMPC = ["policy=tdmpc", "env=pusht_keypoints"]
 ACT = ["policy=act", "env=pusht"]
 RECIPE = ["+experiment=diffusion_pusht_gpu"]
 # --cpu-fallback: models and episodes small enough for a 2-core CPU (the tests' tiny configs).
-TINY_DIFFUSION = ["policy.down_dims=[16,32]", "policy.diffusion_step_embed_dim=8", "policy.n_groups=4"]
-TINY_IMAGE_ENV = [
-    "env.gym_kwargs.observation_width=8",
-    "env.gym_kwargs.observation_height=8",
-    "env.features={observation.image: {shape: [3, 8, 8]}}",
-    "env.max_episode_steps=10",
-    "eval.use_async_envs=false",
-]
+TINY_IMAGE_ENV = [*PUSHT_8PX, "env.max_episode_steps=10", "eval.use_async_envs=false"]
 TINY_IMAGE = TINY_IMAGE_ENV + [
     "policy.crop_shape=[6,6]",
     "policy.spatial_softmax_num_keypoints=4",
     "policy.num_inference_steps=3",
-]
-TINY_TDMPC = ["policy.latent_dim=16", "policy.enc_dim=32", "policy.mlp_dim=32", "policy.n_q=2"]
-TINY_ACT = [
-    "policy.dim_model=16",
-    "policy.n_heads=2",
-    "policy.dim_feedforward=32",
-    "policy.n_encoder_layers=1",
-    "policy.n_vae_encoder_layers=1",
-    "policy.latent_dim=4",
-    "policy.chunk_size=6",
-    "policy.n_action_steps=3",
 ]
 # The recipe on the CPU: the real 96x96 frames resized small, a tiny U-Net, a few steps, short episodes.
 TINY_RECIPE = TINY_DIFFUSION + [

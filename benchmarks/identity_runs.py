@@ -27,41 +27,16 @@ import sys
 from pathlib import Path
 
 from safetensors import safe_open
+from tiny import TDMPC_PENDULUM, TINY_DIFFUSION
 
 ROOT = Path(__file__).resolve().parents[1]
 
-TDMPC = [
-    "policy=tdmpc",
-    "env=pendulum",
-    "env.max_episode_steps=12",
-    "policy.latent_dim=16",
-    "policy.enc_dim=32",
-    "policy.mlp_dim=32",
-    "policy.n_q=2",
-    "policy.horizon=3",
-    "policy.iterations=2",
-    "policy.num_samples=16",
-    "policy.num_elites=4",
-    "policy.num_pi_trajs=2",
-    "training.batch_size=8",
-    "training.n_envs=2",
-    "training.learning_starts=10",
-    "training.gradient_steps=-1",
-    "training.log_freq=10",
-    "training.save_freq=20",
-    "training.save_buffer=true",
-    "eval.freq=20",
-    "eval.n_episodes=2",
-    "eval.batch_size=2",
-    "eval.max_episodes_rendered=0",
-    "eval.use_async_envs=false",
-]
+# The tests' TD-MPC run (tests/test_online_train.py), saving its replay buffer so that the resume is exact.
+TDMPC = [*TDMPC_PENDULUM, "training.save_buffer=true"]
 DIFFUSION = [
     "policy=diffusion",
     "env=pusht_keypoints",
-    "policy.down_dims=[16,32]",
-    "policy.diffusion_step_embed_dim=8",
-    "policy.n_groups=4",
+    *TINY_DIFFUSION,
     "policy.num_inference_steps=3",
     "policy.scheduler_warmup_steps=2",
     "policy.use_ema=true",

@@ -26,9 +26,10 @@ from lerobot.datasets.recording import EpisodeRecorder, remove_stale_recordings,
 from lerobot.envs import make_env
 from lerobot.envs.factory import check_env_settings, env_task_names, plan_vector_env
 from lerobot.envs.tasks import EpisodeSpec, episode_plan
+from lerobot.episode_stats import aggregate_episodes
 from lerobot.errors import ConfigError, DatasetExistsError, EnvWorkerError
 from lerobot.policies.policy import Policy
-from lerobot.rollout import aggregate_episodes, eval_policy
+from lerobot.rollout import eval_policy
 from lerobot.runtime.files import TemporaryDir, no_space_error, remove_dead_writers_temporaries, write_json
 
 log = logging.getLogger(__name__)
@@ -91,27 +92,7 @@ def evaluate(
                 recorder=recorder,
             )
         if recorder is not None:
-            env_cfg = env_config(cfg)
-            try:
-                recorder.write(record, fps=env_cfg.fps, task=env_cfg.name, name=env_cfg.name)
-                log.info("recorded %d episodes as a LeRobotDataset in %s", len(plan), record)
-            except DatasetExistsError:  # a concurrent recording into `record` finished first
-                record_error = DatasetExistsError(
-                    f"eval.record_dataset={record} was not written: another recording took that directory "
-                    f"while this evaluation ran (its dataset is kept); this evaluation's figures are in "
-                    f"{Path(out_dir) / EVAL_INFO_FILE}; record into a new directory to keep its episodes"
-                )
-            except Exception as e:  # a full disk costs the dataset, not the evaluation's figures
-                full = no_space_error(e)
-                if full is None:
-                    raise
-                # The dataset's temporaries are gone (the spill's space is free again).
-                record_error = OSError(
-                    full.errno,
-                    full.strerror,
-                    f"{full.filename} (eval.record_dataset={record} was not written and nothing of it is "
-                    f"left; the evaluation's figures are in {Path(out_dir) / EVAL_INFO_FILE})",
-                )
+            record_error = _write_recording(recorder, record, env_config(cfg), len(plan), out_dir)
     video_error = part.pop("video_error", None) if part is not None else None
     parts = [(s, p) for s, p in distributed.gather((start, part)) if p is not None]
     info = parts[0][1] if len(parts) == 1 else merge_eval_parts(parts)
@@ -127,13 +108,48 @@ def evaluate(
         raise record_error  # after the figures are written: the evaluation is kept without its dataset
     if video_error is not None:
         # The figures are written (when they fit); the videos that did not fit were never put in place.
-        raise OSError(
-            video_error.errno,
-            video_error.strerror,
-            f"{video_error.filename} (the evaluation's figures are in {Path(out_dir) / EVAL_INFO_FILE}; "
-            "the videos that did not fit were not written)",
-        )
+        raise _videos_not_written(video_error, out_dir)
     return info
+
+
+def _write_recording(
+    recorder: EpisodeRecorder, record: str, env_cfg: EnvConfig, n_episodes: int, out_dir: Path
+) -> Exception | None:
+    """Write the `n_episodes` episodes that `recorder` holds as the LeRobotDataset of
+    `eval.record_dataset=record`; return the error that kept it from being written (raised by `evaluate` once
+    the figures are written), or None when it was written. An error other than a concurrent recording or a
+    full disk is raised."""
+    try:
+        recorder.write(record, fps=env_cfg.fps, task=env_cfg.name, name=env_cfg.name)
+        log.info("recorded %d episodes as a LeRobotDataset in %s", n_episodes, record)
+    except DatasetExistsError:  # a concurrent recording into `record` finished first
+        return DatasetExistsError(
+            f"eval.record_dataset={record} was not written: another recording took that directory "
+            f"while this evaluation ran (its dataset is kept); this evaluation's figures are in "
+            f"{Path(out_dir) / EVAL_INFO_FILE}; record into a new directory to keep its episodes"
+        )
+    except Exception as e:  # a full disk costs the dataset, not the evaluation's figures
+        full = no_space_error(e)
+        if full is None:
+            raise
+        # The dataset's temporaries are gone (the spill's space is free again).
+        return OSError(
+            full.errno,
+            full.strerror,
+            f"{full.filename} (eval.record_dataset={record} was not written and nothing of it is "
+            f"left; the evaluation's figures are in {Path(out_dir) / EVAL_INFO_FILE})",
+        )
+    return None
+
+
+def _videos_not_written(video_error: OSError, out_dir: Path) -> OSError:
+    """The error `evaluate` raises when a full disk stopped a video (`video_error`), after the figures."""
+    return OSError(
+        video_error.errno,
+        video_error.strerror,
+        f"{video_error.filename} (the evaluation's figures are in {Path(out_dir) / EVAL_INFO_FILE}; "
+        "the videos that did not fit were not written)",
+    )
 
 
 def check_run_env(cfg: DictConfig, evaluates: bool = True) -> None:

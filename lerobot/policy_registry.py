@@ -15,7 +15,9 @@ it names the policy classes by path and imports none of them until one is made.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
+import logging
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
@@ -34,6 +36,8 @@ from lerobot.config import (
 )
 from lerobot.errors import ConfigError, InstallError
 
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class PolicyEntry:
@@ -47,6 +51,9 @@ class PolicyEntry:
 
 
 _REGISTRY: dict[str, PolicyEntry] = {}
+# A policy's former registry name -> its name now: a command line or a saved config (a checkpoint's) that
+# names the former still works, with one log line (`current_policy_name`).
+RENAMED_POLICIES = {"scripted": "pusht_scripted"}
 
 
 def register_policy(name: str, config: str, policy: str, inference: str | None = None) -> None:
@@ -74,6 +81,19 @@ def register_policy(name: str, config: str, policy: str, inference: str | None =
 def available_policies() -> list[str]:
     """Names of the registered policies, sorted."""
     return sorted(_REGISTRY)
+
+
+def current_policy_name(name: Any) -> Any:
+    """`name`, or the name now of a renamed policy (`RENAMED_POLICIES`), which is said once per process."""
+    if name not in RENAMED_POLICIES:
+        return name
+    _say_renamed(name, RENAMED_POLICIES[name])
+    return RENAMED_POLICIES[name]
+
+
+@functools.cache
+def _say_renamed(old: str, new: str) -> None:
+    log.warning("policy=%s is now policy=%s; the old name still works", old, new)
 
 
 def _import(path: str) -> Any:
@@ -118,15 +138,16 @@ def policy_config_class(name: str) -> type[PolicyConfig]:
 def make_policy_config(policy_section: DictConfig | dict, env_cfg: EnvConfig) -> PolicyConfig:
     """Validate the `policy` config section against its dataclass and attach the env's features.
 
-    Raises `ConfigError` for an unknown policy name, unknown keys, wrong types or features the policy
-    cannot use.
+    A renamed policy's former name (`RENAMED_POLICIES`) is read as its name now. Raises `ConfigError` for an
+    unknown policy name, unknown keys, wrong types or features the policy cannot use.
     """
     section = (
         OmegaConf.to_container(policy_section, resolve=True)
         if isinstance(policy_section, DictConfig)
         else dict(policy_section)
     )
-    config_cls = policy_config_class(section.get("name"))
+    section["name"] = current_policy_name(section.get("name"))
+    config_cls = policy_config_class(section["name"])
     section.pop("input_features", None)
     section.pop("output_features", None)
     cfg: PolicyConfig = OmegaConf.to_object(merge_schema(config_cls, section, "policy config", "policy."))
@@ -193,7 +214,7 @@ register_policy(
     policy="lerobot.policies.baselines:RandomPolicy",
 )
 register_policy(
-    "scripted",
+    "pusht_scripted",
     config="lerobot.policies.baselines:ScriptedConfig",
     policy="lerobot.policies.baselines:ScriptedPushPolicy",
 )

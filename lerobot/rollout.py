@@ -2,7 +2,8 @@
 
 One acting step, `act`, serves evaluation and the online trainer's data collection alike:
 env observation -> `observation_to_batch` -> `policy.select_action` -> a finite (B, action_dim) action.
-`eval_policy` is a loop around it: act, step the env, count, reset the slots whose episodes ended.
+`eval_policy` is a loop around it: act, step the env, count, reset the slots whose episodes ended. Its
+videos are written by `lerobot.episode_videos`, its figures aggregated by `lerobot.episode_stats`.
 
 Exactness rules:
 - Episode i is reset with seed `start_seed + i`, whichever slot (env index) runs it, so per-episode results
@@ -15,7 +16,7 @@ Exactness rules:
   for its next episode), and when its next episode starts the slot is reset with that episode's seed and
   the policy's history and action queue for that slot are cleared, so nothing from gymnasium's autoreset
   and no queued action of an earlier episode reaches a new one. This works for every autoreset mode.
-- Scheduling (one small class per name of `EVAL_SCHEDULES`, in `_SCHEDULES`, says when the slots waiting
+- Scheduling (one small class per name of `EVAL_SCHEDULES`, in `lerobot.episode_schedules`, says when the slots waiting
   for their next episode begin it): with `schedule="refill"` a slot starts the next pending episode as
   soon as its episode ends; with `schedule="refill_aligned"` (default) it starts it at the next step where
   the other slots get new action chunks (at most `n_action_steps - 1` idle steps; at once when no other
@@ -27,12 +28,9 @@ Exactness rules:
 
 from __future__ import annotations
 
-import contextlib
-import math
-import threading
+import functools
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -45,9 +43,11 @@ from lerobot.constants import EVAL_SCHEDULES
 from lerobot.envs.faults import ENV_CALLS, Watchdog, close_now, interrupts_after_env_calls, worker_call
 from lerobot.envs.observation import observation_to_batch
 from lerobot.envs.tasks import EpisodeSpec, episode_plan, task_seed
+from lerobot.episode_schedules import SCHEDULES
+from lerobot.episode_stats import aggregate_episodes
+from lerobot.episode_videos import EpisodeVideos
 from lerobot.errors import EnvWorkerError, NonFiniteActionError
 from lerobot.policies.policy import Policy
-from lerobot.runtime.files import atomic_write, no_space_error
 
 if TYPE_CHECKING:
     from lerobot.datasets.recording import EpisodeRecorder
@@ -164,41 +164,6 @@ def _render(
         env.call_async("render")
         images = env.call_wait(timeout=timeout_s if polled else None)
     return [images[s] for s in slots]
-
-
-class _VideoAbortedError(Exception):
-    """A video write stopped because the evaluation ended (Ctrl-C, an error) before it was done."""
-
-
-def _write_video(path: Path, frames: list[np.ndarray], fps: int, stop: threading.Event | None = None) -> Path:
-    """Write the (H, W, 3) uint8 `frames` as the H.264 mp4 `path`, whole or not at all (`atomic_write`).
-
-    PyAV encodes in this process, so a failed write (a full disk) raises, at the latest in `close`, which
-    flushes the muxer and writes the file's index, and so before the rename. After a failure the container
-    is closed with its own errors suppressed: they repeat the first one, which is what propagates. Once
-    `stop` is set the write ends at the next frame with `_VideoAbortedError`, its temporary removed.
-    """
-    import av
-
-    height, width = frames[0].shape[:2]
-
-    def write(tmp: Path) -> None:
-        container = av.open(str(tmp), mode="w", format="mp4")
-        try:
-            stream = container.add_stream("libx264", rate=fps)
-            stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-            for frame in frames:
-                if stop is not None and stop.is_set():
-                    raise _VideoAbortedError(str(path))
-                container.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
-            container.mux(stream.encode())  # flush the encoder
-        except BaseException:
-            with contextlib.suppress(Exception):
-                container.close()
-            raise
-        container.close()
-
-    return atomic_write(path, write)
 
 
 class _Episodes:
@@ -338,135 +303,111 @@ class _Episodes:
         return rows
 
 
-class _Refill:
-    """A slot begins the next pending episode as soon as its episode ends."""
+class _Rollout:
+    """The episodes of one `eval_policy` call run in `env`: what its steps and resets share.
 
-    def begin_now(self, episodes: _Episodes, policy: Policy) -> bool:
-        """Whether the slots waiting for their next episode begin it now."""
-        return True
-
-
-class _RefillAligned:
-    """A slot begins the next pending episode at the next step where the running slots get new chunks (at
-    once when none runs), so that one batched chunk prediction serves every slot."""
-
-    def begin_now(self, episodes: _Episodes, policy: Policy) -> bool:
-        """Whether the slots waiting for their next episode begin it now."""
-        return episodes.n_active == 0 or policy.steps_until_chunk() == 0
-
-
-class _Batch:
-    """Fixed batches: the slots begin their next episodes together, once every slot's episode has ended."""
-
-    def begin_now(self, episodes: _Episodes, policy: Policy) -> bool:
-        """Whether the slots waiting for their next episode begin it now."""
-        return episodes.n_active == 0
-
-
-_SCHEDULES = {"refill": _Refill(), "refill_aligned": _RefillAligned(), "batch": _Batch()}
-
-
-class _Videos:
-    """Frames of the first `max_episodes` episodes, each written to mp4 by a background thread when it ends."""
+    Each vector step acts, steps every slot and counts the step; the slots whose episodes ended then begin
+    their next ones, or idle until the `schedule` lets them (see the module docstring).
+    """
 
     def __init__(
         self,
         env: VectorEnv,
-        videos_dir: Path | str | None,
-        max_episodes: int,
-        timeout_s: float,
+        policy: Policy,
+        episodes: _Episodes,
+        videos: EpisodeVideos,
+        recorder: EpisodeRecorder | None,
+        begin_now: Callable[[_Episodes, Policy], bool],
+        step_timeout_s: float | None,
+        call_timeout_s: float,
         watchdog: Watchdog | None,
     ):
-        if max_episodes > 0 and videos_dir is None:
-            raise ValueError("max_episodes_rendered > 0 needs a videos_dir")
-        self.env, self.max_episodes = env, max_episodes
-        self.timeout_s, self.watchdog = timeout_s, watchdog
-        self.dir = Path(videos_dir) if videos_dir is not None else None
-        if self.dir is not None:
-            self.dir.mkdir(parents=True, exist_ok=True)
-        self.fps = int(env.metadata.get("render_fps") or 10)
-        self.frames: dict[int, list[np.ndarray]] = {}  # episode -> frames so far
-        self.writer = ThreadPoolExecutor(max_workers=1) if max_episodes > 0 else None
-        self.jobs: list[Future] = []
-        self.stop = threading.Event()  # set by `abort`: the write under way ends at its next frame
+        self.env, self.policy, self.device = env, policy, policy_device(policy)
+        self.episodes, self.videos, self.recorder, self.begin_now = episodes, videos, recorder, begin_now
+        self.step_timeout_s, self.call_timeout_s, self.watchdog = step_timeout_s, call_timeout_s, watchdog
 
-    def start(self, episodes: _Episodes, slots: np.ndarray) -> None:
-        """Begin recording the episodes just started in `slots` that are among the first `max_episodes`."""
-        for slot in slots:
-            if 0 <= episodes.slot_episode[slot] < self.max_episodes:
-                self.frames[int(episodes.slot_episode[slot])] = []
-        self.capture(episodes, slots)
+    def run(self, bar: tqdm) -> None:
+        """Run every episode of the plan from the first reset on, ticking `bar` as episodes end."""
+        episodes = self.episodes
+        obs = self.reset(np.arange(self.env.num_envs))
+        waiting = _NO_SLOTS  # slots whose episode ended, idle until the schedule lets them begin the next
+        while not episodes.done:
+            if waiting.size and self.begin_now(episodes, self.policy):
+                obs, waiting = self.reset(waiting), _NO_SLOTS
+            obs, done = self.step(obs)
+            if not done.any():
+                continue
+            ended = np.flatnonzero(done)
+            # Idle slots step too, and their filler episodes end as well: with autoreset disabled such a
+            # slot cannot step again before a reset, so every ended slot is reset below.
+            finished = ended[episodes.slot_episode[ended] >= 0]
+            if finished.size:
+                if self.recorder is not None:
+                    self.recorder.finish(finished)
+                self.videos.finish(episodes.finish(finished))
+                bar.update(finished.size)
+                if episodes.done:
+                    break
+            if finished.size and self.begin_now(episodes, self.policy):
+                begin = np.union1d(finished, waiting)
+                obs, waiting = self.reset(begin, np.setdiff1d(ended, begin)), _NO_SLOTS
+            else:  # idle until the schedule lets them begin (with no episode left: for good)
+                obs = self.reset(_NO_SLOTS, ended)
+                if not episodes.all_started:
+                    waiting = np.union1d(waiting, finished)
 
-    def capture(self, episodes: _Episodes, slots: np.ndarray) -> None:
-        """Add the current frame of each recorded episode running in `slots`."""
-        recording = [s for s in slots if episodes.slot_episode[s] in self.frames]
-        if recording:
-            for slot, image in zip(recording, _render(self.env, recording, self.timeout_s, self.watchdog)):
-                self.frames[int(episodes.slot_episode[slot])].append(np.asarray(image))
+    def step(self, obs: Any) -> tuple[Any, np.ndarray]:
+        """Act on `obs`, step every slot and count the step (recorder and videos too); return the new
+        observation and the (B,) done flags of the step."""
+        episodes, recorder = self.episodes, self.recorder
+        action = act(self.policy, obs, self.device, episodes.describe_slot, _EVAL_ADVICE)
+        if recorder is not None:
+            recorder.observe(*episodes.running(), obs, action)
+        obs, reward, terminated, truncated, info = step_envs(
+            self.env, action, self.step_timeout_s, self.watchdog
+        )
+        success, done = _success(info, self.env.num_envs), terminated | truncated
+        episodes.log_step(reward, success)
+        if recorder is not None:
+            recorder.outcome(reward, success, done)
+        if self.videos.frames:
+            self.videos.capture(episodes.slot_episode, np.flatnonzero(episodes.slot_episode >= 0))
+        return obs, done
 
-    def finish(self, finished: np.ndarray) -> None:
-        """Write the videos of the `finished` episodes that were recorded."""
-        for episode in finished.tolist():
-            if episode in self.frames:
-                path = self.dir / f"eval_episode_{episode}.mp4"
-                frames = self.frames.pop(episode)
-                self.jobs.append(self.writer.submit(_write_video, path, frames, self.fps, self.stop))
+    def reset(self, begin: np.ndarray, idle: np.ndarray = _NO_SLOTS) -> Any:
+        """One env reset: `begin` slots start their next episodes (fresh policy state, recording), `idle`
+        slots filler episodes; return the new observation.
 
-    def close(self) -> tuple[list[str], OSError | None]:
-        """Wait for the writes; return the paths of the videos written, in the order the episodes ended, and
-        the error of the first write that a full disk stopped (None if none was): the evaluation's figures
-        are still worth writing then. Any other failure is raised."""
-        paths, full = [], None
-        try:
-            for job in self.jobs:
-                try:
-                    paths.append(str(job.result()))
-                except OSError as e:
-                    if no_space_error(e) is None:
-                        raise
-                    full = full or no_space_error(e)
-        except BaseException:  # Ctrl-C while waiting for the writes
-            self.abort()
-            raise
-        if self.writer is not None:
-            self.writer.shutdown()
-        return paths, full
-
-    def abort(self) -> None:
-        """Drop the writes not begun and end the one under way at its next frame (its temporary removed), so
-        that an evaluation that ends early leaves no half-written video and no thread writing on at exit (a
-        second Ctrl-C would interrupt the interpreter's wait for it, with a traceback)."""
-        self.stop.set()
-        if self.writer is not None:
-            self.writer.shutdown(wait=True, cancel_futures=True)
+        An idle slot keeps its policy state, so its queue keeps the other slots' chunk phase.
+        """
+        env, episodes = self.env, self.episodes
+        seeds = episodes.start(begin)
+        for slot, seed in enumerate(episodes.idle_seeds(idle)):
+            if seed is not None:
+                seeds[slot] = seed
+        slots = np.union1d(begin, idle)
+        mask = None if slots.size == env.num_envs else _mask(env.num_envs, slots)
+        obs, _ = reset_envs(env, seeds, mask, self.call_timeout_s, self.watchdog)
+        if begin.size:
+            self.policy.reset(begin, episode_seeds=[seeds[slot] for slot in begin])
+            self.videos.start(episodes.slot_episode, begin)
+        return obs
 
 
-def _reset_slots(
-    env: VectorEnv,
-    policy: Policy,
-    episodes: _Episodes,
-    videos: _Videos,
-    begin: np.ndarray,
-    idle: np.ndarray,
-    timeout_s: float,
-    watchdog: Watchdog | None,
-) -> Any:
-    """One env reset: `begin` slots start their next episodes (fresh policy state, recording), `idle` slots
-    filler episodes; return the new observation.
-
-    An idle slot keeps its policy state, so its queue keeps the other slots' chunk phase.
-    """
-    seeds = episodes.start(begin)
-    for slot, seed in enumerate(episodes.idle_seeds(idle)):
-        if seed is not None:
-            seeds[slot] = seed
-    slots = np.union1d(begin, idle)
-    mask = None if slots.size == env.num_envs else _mask(env.num_envs, slots)
-    obs, _ = reset_envs(env, seeds, mask, timeout_s, watchdog)
-    if begin.size:
-        policy.reset(begin, episode_seeds=[seeds[slot] for slot in begin])
-        videos.start(episodes, begin)
-    return obs
+def _checked_plan(
+    n_episodes: int, start_seed: int, plan: list[EpisodeSpec] | None, schedule: str
+) -> list[EpisodeSpec]:
+    """The episodes `eval_policy` runs (`plan`, else `n_episodes` seeded from `start_seed`), once its
+    arguments are checked."""
+    if n_episodes <= 0:
+        raise ValueError(f"n_episodes={n_episodes} must be > 0")
+    if plan is None:
+        plan = episode_plan(n_episodes, start_seed)
+    elif len(plan) != n_episodes:
+        raise ValueError(f"a plan of {len(plan)} episodes for n_episodes={n_episodes}")
+    if schedule not in EVAL_SCHEDULES:
+        raise ValueError(f"schedule={schedule!r}: expected one of {EVAL_SCHEDULES}")
+    return plan
 
 
 @torch.no_grad()
@@ -504,65 +445,23 @@ def eval_policy(
     never sent to the env. Works with every gymnasium autoreset mode. A `recorder` gets every step of every
     episode (the observation acted on, the action, what the step returned) and each episode's end.
     """
-    if n_episodes <= 0:
-        raise ValueError(f"n_episodes={n_episodes} must be > 0")
-    if plan is None:
-        plan = episode_plan(n_episodes, start_seed)
-    elif len(plan) != n_episodes:
-        raise ValueError(f"a plan of {len(plan)} episodes for n_episodes={n_episodes}")
-    if schedule not in EVAL_SCHEDULES:
-        raise ValueError(f"schedule={schedule!r}: expected one of {EVAL_SCHEDULES}")
-    begin_now = _SCHEDULES[schedule].begin_now
-    num_envs, device = env.num_envs, policy_device(policy)
+    plan = _checked_plan(n_episodes, start_seed, plan, schedule)
     policy.eval()
     policy.reset()
-    episodes = _Episodes(plan, num_envs)
+    episodes = _Episodes(plan, env.num_envs)
     call_timeout_s = ASYNC_RESET_TIMEOUT_S if step_timeout_s is None else step_timeout_s
     watchdog = Watchdog(env) if isinstance(env, AsyncVectorEnv) else None
-    videos = _Videos(env, videos_dir, max_episodes_rendered, call_timeout_s, watchdog)
-
-    def reset(begin: np.ndarray, idle: np.ndarray = _NO_SLOTS) -> Any:
-        return _reset_slots(env, policy, episodes, videos, begin, idle, call_timeout_s, watchdog)
-
-    waiting = _NO_SLOTS  # slots whose episode ended, idle until the schedule lets them begin the next
+    render = functools.partial(_render, env, timeout_s=call_timeout_s, watchdog=watchdog)
+    videos = EpisodeVideos(env, videos_dir, max_episodes_rendered, render)
+    begin_now = SCHEDULES[schedule].begin_now
+    rollout = _Rollout(
+        env, policy, episodes, videos, recorder, begin_now, step_timeout_s, call_timeout_s, watchdog
+    )
     start_time = time.perf_counter()
     bar = tqdm(total=n_episodes, desc="eval episodes", disable=not progress, leave=False)
     restore_interrupts = interrupts_after_env_calls()
     try:
-        obs = reset(np.arange(num_envs))
-        while not episodes.done:
-            if waiting.size and begin_now(episodes, policy):
-                obs, waiting = reset(waiting), _NO_SLOTS
-            action = act(policy, obs, device, episodes.describe_slot, _EVAL_ADVICE)
-            if recorder is not None:
-                recorder.observe(*episodes.running(), obs, action)
-            obs, reward, terminated, truncated, info = step_envs(env, action, step_timeout_s, watchdog)
-            success, done = _success(info, num_envs), terminated | truncated
-            episodes.log_step(reward, success)
-            if recorder is not None:
-                recorder.outcome(reward, success, done)
-            if videos.frames:
-                videos.capture(episodes, np.flatnonzero(episodes.slot_episode >= 0))
-            if not done.any():
-                continue
-            ended = np.flatnonzero(done)
-            # Idle slots step too, and their filler episodes end as well: with autoreset disabled such a
-            # slot cannot step again before a reset, so every ended slot is reset below.
-            finished = ended[episodes.slot_episode[ended] >= 0]
-            if finished.size:
-                if recorder is not None:
-                    recorder.finish(finished)
-                videos.finish(episodes.finish(finished))
-                bar.update(finished.size)
-                if episodes.done:
-                    break
-            if finished.size and begin_now(episodes, policy):
-                begin = np.union1d(finished, waiting)
-                obs, waiting = reset(begin, np.setdiff1d(ended, begin)), _NO_SLOTS
-            else:  # idle until the schedule lets them begin (with no episode left: for good)
-                obs = reset(_NO_SLOTS, ended)
-                if not episodes.all_started:
-                    waiting = np.union1d(waiting, finished)
+        rollout.run(bar)
     except (EnvWorkerError, KeyboardInterrupt):
         # A dead, stopped or interrupted worker never answers gymnasium's close(), which would wait on it
         # forever (and keep a Ctrl-C from ending the program): kill the workers now.
@@ -579,77 +478,6 @@ def eval_policy(
             watchdog.close()
     video_paths, video_error = videos.close()
     return episodes.results(time.perf_counter() - start_time, video_paths, video_error)
-
-
-def aggregate_episodes(
-    per_episode: list[dict[str, Any]], eval_s: float, busy_steps: int, slot_steps: int
-) -> dict[str, Any]:
-    """The `aggregated` figures of `eval_policy` from its per-episode rows and its timing (and `per_task`,
-    see `per_task_figures`, when the rows have tasks).
-
-    Args:
-        per_episode: rows as `eval_policy` returns them (`sum_reward`, `max_reward`, `success`).
-        eval_s: wall-clock seconds the episodes took.
-        busy_steps: env steps that belonged to an evaluated episode.
-        slot_steps: env steps taken in all, idle slots included.
-    """
-    max_reward = np.array([e["max_reward"] for e in per_episode], dtype=np.float64)
-    successes = int(sum(bool(e["success"]) for e in per_episode))
-    n = len(per_episode)
-    # 95% intervals: Wilson's for the success rate (sound near 0% and 100% and for few episodes), the
-    # normal approximation for the mean of max rewards (bounded in [0, 1], so it holds from a few dozen).
-    success_low, success_high = wilson_interval(successes, n)
-    half = 1.96 * max_reward.std(ddof=1) / math.sqrt(n) if n > 1 else math.nan
-    figures = {
-        "avg_sum_reward": float(np.mean([e["sum_reward"] for e in per_episode])),
-        "avg_max_reward": float(max_reward.mean()),
-        "avg_max_reward_ci95_low": float(max_reward.mean() - half),
-        "avg_max_reward_ci95_high": float(max_reward.mean() + half),
-        "pc_success": 100.0 * successes / n,
-        "pc_success_ci95_low": 100.0 * success_low,
-        "pc_success_ci95_high": 100.0 * success_high,
-        "n_episodes": n,
-        "eval_s": eval_s,
-        "eval_ep_s": eval_s / len(per_episode),
-        "env_steps": int(busy_steps),
-        "env_steps_per_s": busy_steps / eval_s if eval_s > 0 else math.nan,
-        "slot_utilization": busy_steps / slot_steps if slot_steps else math.nan,
-    }
-    if "task" in per_episode[0]:
-        figures["per_task"] = per_task_figures(per_episode)
-    return figures
-
-
-def per_task_figures(per_episode: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """Per task of a multi-task evaluation (rows with a `task`), in the order tasks first appear: its
-    success rate with Wilson's 95% interval, average max and sum reward, mean steps and episode count.
-
-    The overall `pc_success` of a plan with as many episodes per task is the mean over tasks of these."""
-    by_task: dict[str, list[dict[str, Any]]] = {}
-    for row in per_episode:
-        by_task.setdefault(row["task"], []).append(row)
-    figures = {}
-    for task, rows in by_task.items():
-        successes, n = sum(bool(r["success"]) for r in rows), len(rows)
-        low, high = wilson_interval(successes, n)
-        figures[task] = {
-            "pc_success": 100.0 * successes / n,
-            "pc_success_ci95_low": 100.0 * low,
-            "pc_success_ci95_high": 100.0 * high,
-            "avg_max_reward": float(np.mean([r["max_reward"] for r in rows])),
-            "avg_sum_reward": float(np.mean([r["sum_reward"] for r in rows])),
-            "avg_steps": float(np.mean([r["n_steps"] for r in rows])),
-            "n_episodes": n,
-        }
-    return figures
-
-
-def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """Wilson score interval of a success rate `successes / n` (fractions; `z` = 1.96 for 95%)."""
-    p = successes / n
-    center = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return max(0.0, center - half), min(1.0, center + half)
 
 
 def _mask(num_envs: int, slots: np.ndarray) -> np.ndarray:

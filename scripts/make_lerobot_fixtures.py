@@ -28,17 +28,39 @@ ImageNet's, as LeRobot's training puts them in place of the dataset's by default
 The weights are LeRobot's initialization plus a small random perturbation (frozen BatchNorm buffers
 included), so that normalization layers (initialized to 1 and 0) do not hide a wrong mapping.
 
-A LeRobotDataset with images in its parquet files (`dataset_images`): `dataset/` is what
-`LeRobotDataset.create(..., use_videos=False)` records for 3 short episodes of a 3x16x16 camera, a 2-d
-state and a 2-d action (PNG bytes in the parquet rows), and `reference.safetensors` is what LeRobot's own
-`LeRobotDataset` returns for every frame (`observation.image` float32 `(N, 3, 16, 16)` in [0, 1], the
-vectors, `episode_index`, `frame_index`).
+LeRobotDatasets with images in their parquet files, recorded by `LeRobotDataset.create(...,
+use_videos=False)`, `add_frame` and `save_episode` into `dataset/` (PNG bytes in the parquet rows), with
+what LeRobot's own `LeRobotDataset` returns for every frame in `reference.safetensors`:
+
+- `dataset_images`: 3 short episodes of a 3x16x16 camera, a 2-d state and a 2-d action; the reference holds
+  `observation.image` float32 `(N, 3, 16, 16)` in [0, 1], the vectors, `episode_index`, `frame_index`.
+- `metaworld`: laid out as LeRobot's `lerobot/metaworld_mt50` (its `meta/info.json`, codebase v3.0, 80 fps,
+  robot_type `metaworld`): `observation.image` declared channels-first `[3, H, W]` with names
+  `[channels, height, width]`, `observation.state` (4: hand position and gripper),
+  `observation.environment_state` (39), `action` (4: x, y, z, gripper), `next.reward`, `next.success` and
+  `task_id` (int16, LeRobot's MetaWorld task number); the camera is 32x32 instead of 480x480 to keep the
+  fixture small. 4 episodes of 5, 4, 6 and 3 frames alternate two tasks, each episode's task LeRobot's
+  natural-language description of its MetaWorld task, as in `lerobot/metaworld_mt50` (49 descriptions for 50
+  tasks there: push-v3 and push-back-v3 share one). The reference holds the image as uint8 (LeRobot returns
+  it as float32 in [0, 1]; the script checks that value / 255 gives LeRobot's exactly), the vectors,
+  `next.reward`, `task_id`, `task_index`, `episode_index`, `frame_index`; its metadata each frame's `task`
+  string (JSON list), the LeRobot and torch versions and the seed.
 
     python scripts/make_lerobot_fixtures.py --kind keypoints --out tests/fixtures/lerobot_diffusion_keypoints
     python scripts/make_lerobot_fixtures.py --kind image --out tests/fixtures/lerobot_diffusion_image --names-only
     python scripts/make_lerobot_fixtures.py --kind act_keypoints --out tests/fixtures/lerobot_act_keypoints
     python scripts/make_lerobot_fixtures.py --kind act_image --out tests/fixtures/lerobot_act_image --names-only
     python scripts/make_lerobot_fixtures.py --kind dataset_images --out tests/fixtures/lerobot_dataset_images
+    python scripts/make_lerobot_fixtures.py --kind metaworld --seed 0 --out tests/fixtures/lerobot_metaworld
+
+An environment for the dataset kinds (run from another directory than this repository, so that LeRobot's
+`lerobot` is imported; the policy kinds also need what LeRobot's policies import, e.g. diffusers):
+
+    python3.12 -m venv /tmp/lr312
+    /tmp/lr312/bin/pip install torch==2.14.1 torchvision==0.29.1
+    /tmp/lr312/bin/pip install --no-deps lerobot==0.6.1
+    /tmp/lr312/bin/pip install draccus datasets pandas pyarrow av jsonlines termcolor "huggingface-hub<2" \
+        "numpy<2.3" "Pillow<13" opencv-python-headless einops gymnasium safetensors
 
 `--names-only` keeps, instead of the weights (a ResNet-18 is ~45 MB) and the reference outputs,
 `model_names.json`: every weight name of LeRobot's `model.safetensors` with its shape.
@@ -49,7 +71,9 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -65,13 +89,12 @@ if Path(lerobot.__file__).resolve().parents[1] == Path(__file__).resolve().paren
     )
 
 from lerobot.configs.types import FeatureType, NormalizationMode, PolicyFeature  # noqa: E402
-from lerobot.policies.act.configuration_act import ACTConfig  # noqa: E402
-from lerobot.policies.act.modeling_act import ACTPolicy  # noqa: E402
-from lerobot.policies.diffusion.configuration_diffusion import DiffusionConfig  # noqa: E402
-from lerobot.policies.diffusion.modeling_diffusion import DiffusionPolicy  # noqa: E402
 from lerobot.utils.constants import IMAGENET_STATS  # noqa: E402
 
-from lerobot.policy_registry import make_pre_post_processors  # noqa: E402
+# The policies are imported by the kinds that make them: the dataset kinds run without their dependencies.
+if TYPE_CHECKING:
+    from lerobot.policies.act.configuration_act import ACTConfig
+    from lerobot.policies.diffusion.configuration_diffusion import DiffusionConfig
 
 BATCH = 4
 N_OBS_STEPS = 2
@@ -94,6 +117,8 @@ def _features(kind: str) -> tuple[dict[str, PolicyFeature], dict[str, tuple[floa
 
 
 def _config(kind: str, scheduler: str) -> DiffusionConfig:
+    from lerobot.policies.diffusion.configuration_diffusion import DiffusionConfig
+
     inputs, _ = _features(kind)
     common = dict(
         input_features=inputs,
@@ -164,6 +189,9 @@ def _observations(kind: str, generator: torch.Generator) -> dict[str, torch.Tens
 
 
 def _diffusion(args: argparse.Namespace) -> None:
+    from lerobot.policies.diffusion.modeling_diffusion import DiffusionPolicy
+    from lerobot.policies.factory import make_pre_post_processors
+
     torch.manual_seed(args.seed)
     data_gen = torch.Generator().manual_seed(args.seed + 1)
     config = _config(args.kind, args.scheduler)
@@ -175,13 +203,7 @@ def _diffusion(args: argparse.Namespace) -> None:
     stats = _stats(args.kind, data_gen)
     preprocessor, postprocessor = make_pre_post_processors(config, dataset_stats=stats)
 
-    model_dir = args.out / "pretrained_model"
-    if args.out.exists():
-        shutil.rmtree(args.out)
-    model_dir.mkdir(parents=True)
-    policy.save_pretrained(model_dir)
-    preprocessor.save_pretrained(model_dir)
-    postprocessor.save_pretrained(model_dir)
+    model_dir = _save_pretrained(args.out, policy, preprocessor, postprocessor)
 
     raw = _observations(args.kind, data_gen)
     normalized = preprocessor(dict(raw))
@@ -220,6 +242,29 @@ def _diffusion(args: argparse.Namespace) -> None:
     _write_outputs(args, model_dir, tensors, metadata)
 
 
+def _fresh(out: Path) -> None:
+    """Make `out` an empty directory (what was there is replaced)."""
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+
+
+def _save_pretrained(out: Path, policy, preprocessor, postprocessor) -> Path:
+    """Save what LeRobot's training saves into `out/pretrained_model` (`out` replaced); return that directory."""
+    _fresh(out)
+    model_dir = out / "pretrained_model"
+    model_dir.mkdir()
+    policy.save_pretrained(model_dir)
+    preprocessor.save_pretrained(model_dir)
+    postprocessor.save_pretrained(model_dir)
+    return model_dir
+
+
+def _save_reference(out: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
+    """`out/reference.safetensors`: the `tensors` (made contiguous) with the header `metadata`."""
+    save_file({k: v.contiguous() for k, v in tensors.items()}, out / "reference.safetensors", metadata)
+
+
 def _write_outputs(
     args: argparse.Namespace, model_dir: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]
 ) -> None:
@@ -231,9 +276,7 @@ def _write_outputs(
         )
         (model_dir / "model.safetensors").unlink()
     else:
-        save_file(
-            {k: v.contiguous() for k, v in tensors.items()}, args.out / "reference.safetensors", metadata
-        )
+        _save_reference(args.out, tensors, metadata)
 
 
 # ------------------------------------------------------------------------------------------------ ACT
@@ -258,6 +301,8 @@ def _act_features(kind: str) -> tuple[dict[str, PolicyFeature], dict[str, tuple[
 
 def _act_config(kind: str, **overrides) -> ACTConfig:
     """A small ACT with LeRobot's defaults otherwise (its normalization mapping leaves ENV unnormalized)."""
+    from lerobot.policies.act.configuration_act import ACTConfig
+
     inputs, _ = _act_features(kind)
     settings = dict(
         input_features=inputs,
@@ -344,6 +389,9 @@ def _parse_setting(text: str) -> tuple[str, object]:
 
 
 def _act(args: argparse.Namespace) -> None:
+    from lerobot.policies.act.modeling_act import ACTPolicy
+    from lerobot.policies.factory import make_pre_post_processors
+
     torch.manual_seed(args.seed)
     data_gen = torch.Generator().manual_seed(args.seed + 1)
     settings = dict(_parse_setting(text) for text in args.set)
@@ -354,13 +402,7 @@ def _act(args: argparse.Namespace) -> None:
     stats = _act_stats(args.kind, data_gen)
     preprocessor, postprocessor = make_pre_post_processors(config, dataset_stats=stats)
 
-    model_dir = args.out / "pretrained_model"
-    if args.out.exists():
-        shutil.rmtree(args.out)
-    model_dir.mkdir(parents=True)
-    policy.save_pretrained(model_dir)
-    preprocessor.save_pretrained(model_dir)
-    postprocessor.save_pretrained(model_dir)
+    model_dir = _save_pretrained(args.out, policy, preprocessor, postprocessor)
 
     raw = _act_observations(args.kind, (ACT_BATCH,), data_gen)
     with torch.no_grad():
@@ -388,16 +430,55 @@ def _act(args: argparse.Namespace) -> None:
     _write_outputs(args, model_dir, tensors, metadata)
 
 
-# ------------------------------------------------------------------------------------------------ dataset
+# ------------------------------------------------------------------------------------------------ datasets
 DATASET_LENGTHS = (4, 6, 5)
 DATASET_FPS = 10
 IMAGE_SIZE = 16
 
+METAWORLD_FPS = 80
+METAWORLD_IMAGE_SIZE = 32
+METAWORLD_LENGTHS = (5, 4, 6, 3)
+# Episode e's task, MetaWorld name -> (LeRobot's description, LeRobot's task number), as in metaworld_mt50.
+METAWORLD_TASKS = {
+    "reach-v3": ("Reach a goal position", 40),
+    "drawer-close-v3": ("Push and close a drawer", 17),
+}
+METAWORLD_EPISODE_TASKS = ("reach-v3", "drawer-close-v3", "reach-v3", "drawer-close-v3")
+METAWORLD_REFERENCE_KEYS = (
+    "observation.state",
+    "observation.environment_state",
+    "action",
+    "next.reward",
+    "task_id",
+    "task_index",
+    "episode_index",
+    "frame_index",
+)
+
+
+def _record_images_dataset(
+    root: Path, repo_id: str, features: dict[str, dict], episodes: Iterable[Iterable[dict]], **create: Any
+) -> list[dict]:
+    """Record `episodes` (each an iterable of frames) with LeRobot's writer, images in the parquet files
+    (`use_videos=False`; `create`: more `LeRobotDataset.create` arguments); return what LeRobot's own
+    loader gives for every frame."""
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    dataset = LeRobotDataset.create(repo_id, features=features, root=root, use_videos=False, **create)
+    for frames in episodes:
+        for frame in frames:
+            dataset.add_frame(frame)
+        dataset.save_episode()
+    dataset.finalize()
+    # The PNG files the recorder wrote are in the parquet files now; only their empty folders are left.
+    if not any(path.is_file() for path in (root / "images").rglob("*")):
+        shutil.rmtree(root / "images", ignore_errors=True)
+    loaded = LeRobotDataset(repo_id, root=root)
+    return [loaded[i] for i in range(len(loaded))]
+
 
 def _dataset_images(args: argparse.Namespace) -> None:
     """A LeRobotDataset with PNG images in its parquet files, and what LeRobot's loader returns for it."""
-    from lerobot.datasets.lerobot_dataset import LeRobotDataset
-
     features = {
         "observation.image": {
             "dtype": "image",
@@ -407,37 +488,90 @@ def _dataset_images(args: argparse.Namespace) -> None:
         "observation.state": {"dtype": "float32", "shape": (2,), "names": None},
         "action": {"dtype": "float32", "shape": (2,), "names": None},
     }
-    if args.out.exists():
-        shutil.rmtree(args.out)
-    args.out.mkdir(parents=True)
-    root = args.out / "dataset"
     rng = np.random.default_rng(args.seed)
-    dataset = LeRobotDataset.create(
-        "test/images", fps=DATASET_FPS, features=features, root=root, use_videos=False
-    )
-    for length in DATASET_LENGTHS:
-        for _ in range(length):
-            dataset.add_frame(
-                {
-                    # Every value 0..255 occurs: a decoder that rescales or rounds would show.
-                    "observation.image": rng.integers(0, 256, (IMAGE_SIZE, IMAGE_SIZE, 3), dtype=np.uint8),
-                    "observation.state": rng.uniform(0, 512, 2).astype(np.float32),
-                    "action": rng.uniform(0, 512, 2).astype(np.float32),
-                    "task": "tiny",
-                }
-            )
-        dataset.save_episode()
-    dataset.finalize()
-    # The PNG files the recorder wrote are in the parquet files now; only their empty folders are left.
-    if not any(path.is_file() for path in (root / "images").rglob("*")):
-        shutil.rmtree(root / "images", ignore_errors=True)
 
-    loaded = LeRobotDataset("test/images", root=root)
-    items = [loaded[i] for i in range(len(loaded))]
+    def frames(length: int) -> Iterator[dict]:
+        for _ in range(length):
+            yield {
+                # Every value 0..255 occurs: a decoder that rescales or rounds would show.
+                "observation.image": rng.integers(0, 256, (IMAGE_SIZE, IMAGE_SIZE, 3), dtype=np.uint8),
+                "observation.state": rng.uniform(0, 512, 2).astype(np.float32),
+                "action": rng.uniform(0, 512, 2).astype(np.float32),
+                "task": "tiny",
+            }
+
+    _fresh(args.out)
+    episodes = (frames(length) for length in DATASET_LENGTHS)
+    items = _record_images_dataset(args.out / "dataset", "test/images", features, episodes, fps=DATASET_FPS)
     keys = ["observation.image", "observation.state", "action", "episode_index", "frame_index"]
     tensors = {key: torch.stack([item[key] for item in items]) for key in keys}
     metadata = {"lerobot_version": lerobot.__version__, "kind": args.kind, "seed": str(args.seed)}
-    save_file({k: v.contiguous() for k, v in tensors.items()}, args.out / "reference.safetensors", metadata)
+    _save_reference(args.out, tensors, metadata)
+
+
+def _metaworld_features() -> dict[str, dict]:
+    """The features of `lerobot/metaworld_mt50` (its info.json), with a 32x32 camera."""
+    size = METAWORLD_IMAGE_SIZE
+    return {
+        "observation.image": {
+            "dtype": "image",
+            "shape": (3, size, size),
+            "names": ["channels", "height", "width"],
+        },
+        "observation.state": {"dtype": "float32", "shape": (4,), "names": {"axes": None}},
+        "observation.environment_state": {"dtype": "float32", "shape": (39,), "names": ["keypoints"]},
+        "action": {"dtype": "float32", "shape": (4,), "names": {"axes": ["x", "y", "z", "gripper"]}},
+        "next.reward": {"dtype": "float32", "shape": (1,), "names": None},
+        "next.success": {"dtype": "bool", "shape": (1,), "names": None},
+        "task_id": {"dtype": "int16", "shape": (1,), "names": None},
+    }
+
+
+def _metaworld(args: argparse.Namespace) -> None:
+    """A LeRobotDataset laid out as LeRobot's `lerobot/metaworld_mt50`, and what LeRobot's loader returns."""
+    rng = np.random.default_rng(args.seed)
+    size = METAWORLD_IMAGE_SIZE
+
+    def frames(task: str, length: int) -> Iterator[dict]:
+        description, number = METAWORLD_TASKS[task]
+        for frame in range(length):
+            yield {
+                # Every value 0..255 occurs: a decoder that rescales or rounds would show.
+                "observation.image": rng.integers(0, 256, (3, size, size), dtype=np.uint8),
+                "observation.state": rng.uniform(-1, 1, 4).astype(np.float32),
+                "observation.environment_state": rng.uniform(-1, 1, 39).astype(np.float32),
+                "action": rng.uniform(-1, 1, 4).astype(np.float32),
+                "next.reward": np.array([rng.uniform(0, 10)], dtype=np.float32),
+                "next.success": np.array([frame == length - 1]),
+                "task_id": np.array([number], dtype=np.int16),
+                "task": description,
+            }
+
+    _fresh(args.out)
+    episodes = (frames(task, length) for task, length in zip(METAWORLD_EPISODE_TASKS, METAWORLD_LENGTHS))
+    items = _record_images_dataset(
+        args.out / "dataset",
+        "test/metaworld_mt50",
+        _metaworld_features(),
+        episodes,
+        fps=METAWORLD_FPS,
+        robot_type="metaworld",
+    )
+    images = torch.stack([item["observation.image"] for item in items])
+    as_uint8 = torch.round(images * 255).to(torch.uint8)
+    if not torch.equal(as_uint8.float() / 255, images):
+        raise SystemExit("LeRobot's images are not value / 255 of uint8 pixels")
+    tensors = {"observation.image": as_uint8}
+    tensors.update(
+        {key: torch.stack([torch.as_tensor(item[key]) for item in items]) for key in METAWORLD_REFERENCE_KEYS}
+    )
+    metadata = {
+        "lerobot_version": lerobot.__version__,
+        "torch_version": torch.__version__,
+        "seed": str(args.seed),
+        "tasks": json.dumps([item["task"] for item in items]),
+    }
+    _save_reference(args.out, tensors, metadata)
 
 
 KINDS = {
@@ -447,6 +581,7 @@ KINDS = {
     "act_keypoints": _act,
     "act_image": _act,
     "dataset_images": _dataset_images,
+    "metaworld": _metaworld,
 }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,10 +18,14 @@ from lerobot.config import FeatureConfig, env_config
 from lerobot.constants import ACTION, ACTION_IS_PAD, LOSS_COUNT, OBS_ENV_STATE, OBS_IMAGE, OBS_STATE
 from lerobot.errors import ConfigError
 from lerobot.policies.act.configuration import ACTConfig
-from lerobot.policies.act.modeling import LATENT_NOISE, ACTPolicy, Dropout, MultiheadAttention
+from lerobot.policies.act.modeling import LATENT_NOISE, ACTPolicy
+from lerobot.policies.act.transformer import Dropout, MultiheadAttention
 from lerobot.policies.images import resize
 from lerobot.policies.policy import Policy
 from lerobot.policy_registry import make_policy_config
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from tiny import TINY_ACT  # noqa: E402
 
 STATE = FeatureConfig(shape=[2], kind="state", low=[0.0, 0.0], high=[512.0, 512.0])
 KEYPOINTS = FeatureConfig(shape=[4], kind="env_state", low=[0.0], high=[512.0])
@@ -32,14 +37,7 @@ CHUNK = 6
 TINY_CLI = [
     "policy=act",
     "env=pusht_keypoints",
-    "policy.dim_model=16",
-    "policy.n_heads=2",
-    "policy.dim_feedforward=32",
-    "policy.n_encoder_layers=1",
-    "policy.n_vae_encoder_layers=1",
-    "policy.latent_dim=4",
-    f"policy.chunk_size={CHUNK}",
-    "policy.n_action_steps=3",
+    *TINY_ACT,  # chunks of CHUNK actions
     "training.batch_size=4",
     "training.num_workers=0",
     "training.log_freq=1",

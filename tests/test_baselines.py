@@ -76,13 +76,15 @@ def _env(name: str):
 
 
 def test_baselines_declare_the_envs_they_fit():
-    """scripted: a bounded 2-D action, the agent's position and keypoints or an image; random: any bounded action."""
+    """pusht_scripted: a bounded 2-D action, the agent's position and keypoints or an image; random: any
+    bounded action."""
     for env in ("pusht", "pusht_keypoints"):
-        make_policy_config({"name": "scripted"}, _env(env))
-    with pytest.raises(ConfigError, match=r"policy=scripted fits .*action 'action' has shape \[1\]"):
-        make_policy_config({"name": "scripted"}, _env("pendulum"))
-    with pytest.raises(ConfigError, match="policy=scripted"):
-        compose_config(["policy=scripted", "env=pendulum"])  # at config validation, before any env exists
+        make_policy_config({"name": "pusht_scripted"}, _env(env))
+    with pytest.raises(ConfigError, match=r"policy=pusht_scripted fits .*action 'action' has shape \[1\]"):
+        make_policy_config({"name": "pusht_scripted"}, _env("pendulum"))
+    with pytest.raises(ConfigError, match="policy=pusht_scripted"):
+        # at config validation, before any env exists
+        compose_config(["policy=pusht_scripted", "env=pendulum"])
     policy = make_policy(make_policy_config({"name": "random"}, _env("pendulum")))
     assert policy.predict_action_chunk({OBS_STATE: torch.zeros(2, 1, 3)}).shape == (2, 8, 1)
     unbounded = _env("pendulum")

@@ -23,42 +23,41 @@ from safetensors.torch import load_file, save_file
 from test_diffusion import stats_for
 from test_train import TINY, TINY_IMAGE, data_args  # noqa: F401 (data_args: a pytest fixture)
 
-import lerobot.checkpoints.run as checkpoint
-from lerobot.checkpoints.run import (
-    MODEL_FILE,
-    TRAINING_STATE_FILE,
-    checkpoint_dir,
-    latest_checkpoint,
-    load_training_state,
-    save_checkpoint,
-)
+import lerobot.checkpoints.run_writer as run_writer
+from lerobot.checkpoints.run import load_training_state
+from lerobot.checkpoints.run_layout import MODEL_FILE, checkpoint_dir, latest_checkpoint
+from lerobot.checkpoints.training_state import TRAINING_STATE_FILE
 from lerobot.cli import compose_config, eval_main, train_main
 from lerobot.config import env_config
 from lerobot.errors import CheckpointError, NonFiniteWeightsError, RunDirError
 from lerobot.policies.policy import Policy
 from lerobot.policy_registry import make_policy, make_policy_config
-from lerobot.training.run_dir import run_directory
+from lerobot.training.run_dir import open_run_dir
+from lerobot.training.run_dir.lock import RunLock
+from lerobot.training.run_dir.saving import save_checkpoint
 
 
 def setup_run(cfg) -> tuple[Path, Path | None]:
-    """The run directory of `cfg` and the checkpoint a launch would resume from (`run_directory`, whose lock
+    """The run directory of `cfg` and the checkpoint a launch would resume from (`open_run_dir`, whose lock
     is released on return)."""
-    with run_directory(cfg) as found:
-        return found
+    with open_run_dir(cfg) as run_dir:
+        return run_dir.path, run_dir.resume_from
 
 
 REPO = Path(__file__).resolve().parents[1]
 KEYPOINTS = [*TINY, "env=pusht_keypoints"]
 
 
-def tiny_checkpoint(run_dir: Path, step: int, overrides: list[str] = KEYPOINTS) -> Path:
-    """Save a tiny Diffusion Policy (normalization statistics set) as checkpoint `step` of `run_dir`."""
+def tiny_checkpoint(
+    run_dir: Path, step: int, overrides: list[str] = KEYPOINTS, lock: RunLock | None = None
+) -> Path:
+    """Save a tiny Diffusion Policy (normalization statistics set) as checkpoint `step` of `run_dir` (by the
+    holder of `lock`, when given)."""
     cfg = compose_config([*overrides, f"output_dir={run_dir}"])
     policy_cfg = make_policy_config(cfg.policy, env_config(cfg))
     policy = make_policy(policy_cfg, dataset_stats=stats_for(policy_cfg))
-    return save_checkpoint(
-        run_dir, step, policy, cfg, training_state={"model": policy.state_dict(), "step": step}
-    )
+    state = {"model": policy.state_dict(), "step": step}
+    return save_checkpoint(run_dir, step, policy, cfg, training_state=state, lock=lock)
 
 
 def as_older_version(ckpt: Path) -> None:
@@ -100,7 +99,7 @@ def _save_and_hang(run_dir: Path, step: int, where: str, ready) -> None:
         real_replace(src, dst)
 
     if where == "checksums":
-        checkpoint.write_checksums = hang
+        run_writer.write_checksums = hang
     else:
         os.replace = replace
     tiny_checkpoint(run_dir, step)

@@ -18,18 +18,15 @@ from lerobot.constants import DATA_ROOT_ENV
 from lerobot.datasets import (
     EpisodeDataset,
     StepBatchSampler,
-    block_keypoints,
-    convert_pusht_zarr,
-    coverage_reward,
     cycle_batches,
-    find_pusht_source,
     make_dataloader,
     make_dataset,
-    prepare_pusht,
     pusht_import,
     split_episodes,
 )
 from lerobot.datasets.format import META_FILE
+from lerobot.datasets.pusht_import import convert_pusht_zarr, find_pusht_source, prepare_pusht
+from lerobot.datasets.pusht_rules import block_keypoints, coverage_reward
 from lerobot.errors import ConfigError, DatasetError, DatasetNotFoundError, DeltaTimestampsError
 
 LENGTHS = [3, 5, 4, 6]  # 18 frames in 4 episodes
@@ -435,6 +432,7 @@ def test_stats_equal_numpy_over_chosen_episodes(fake):
 def _env_cfg() -> EnvConfig:
     return EnvConfig(
         name="pusht",
+        fps=10,
         features={
             "observation.image": FeatureConfig(shape=[3, H, W], kind="visual"),
             "observation.state": FeatureConfig(shape=[2], kind="state"),

@@ -16,8 +16,9 @@ import zarr
 from safetensors.numpy import load_file, save_file
 from test_dataset import ZARR, write_fake_zarr
 
-from lerobot.datasets import EpisodeDataset, convert_pusht_zarr, pusht_import
+from lerobot.datasets import EpisodeDataset, pusht_import
 from lerobot.datasets.format import EPISODE_STATS_FILE, feature_file
+from lerobot.datasets.pusht_import import convert_pusht_zarr
 from lerobot.datasets.pusht_rules import ACTION_HIGH, ACTION_LOW
 from lerobot.errors import DatasetError
 
@@ -172,7 +173,8 @@ _CONVERT_ON_SMALL_DISK = """
 import shutil, sys
 from pathlib import Path
 import numpy as np
-from lerobot.datasets import convert_pusht_zarr, pusht_import
+from lerobot.datasets import pusht_import
+from lerobot.datasets.pusht_import import convert_pusht_zarr
 from lerobot.errors import DatasetError
 src, disk = Path(sys.argv[1]), Path(sys.argv[2])
 real_disk_usage = shutil.disk_usage

@@ -18,7 +18,9 @@ import zarr
 from omegaconf import OmegaConf
 
 from lerobot.config import DatasetConfig, EnvConfig
-from lerobot.datasets import EpisodeDataset, block_keypoints, make_dataloader, make_dataset, prepare_pusht
+from lerobot.datasets import EpisodeDataset, make_dataloader, make_dataset
+from lerobot.datasets.pusht_import import prepare_pusht
+from lerobot.datasets.pusht_rules import block_keypoints
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ZARR = "pusht_cchi_v7_replay.zarr"

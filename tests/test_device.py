@@ -40,9 +40,10 @@ from lerobot.distributed import resolve_device
 from lerobot.errors import ConfigError
 from lerobot.policies.diffusion.modeling import DiffusionPolicy
 from lerobot.policy_registry import make_policy, make_policy_config
+from lerobot.training.pace import LOWER_STEPS, cpu_run_warning
 from lerobot.training.progress import TrainingLoop
 from lerobot.training.replay_buffer import ReplayBuffer
-from lerobot.training.update import LOWER_STEPS, StepMetrics, TrainStep, cpu_run_warning
+from lerobot.training.update import StepMetrics, TrainStep
 
 TORCH_OPTIM = str(Path(torch.optim.__file__).parent)
 
@@ -275,7 +276,7 @@ def test_tdmpc_training_and_planning_follow_the_weights():
     assert_on_cpu(*output.values(), first, second, prior)
 
 
-@pytest.mark.parametrize(("name", "env"), [("random", "pusht_keypoints"), ("scripted", "pusht")])
+@pytest.mark.parametrize(("name", "env"), [("random", "pusht_keypoints"), ("pusht_scripted", "pusht")])
 def test_baselines_follow_the_weights(name, env):
     cfg = compose_config([f"policy={name}", f"env={env}"])
     env_cfg = env_config(cfg)
@@ -330,9 +331,9 @@ def test_cpu_run_warning_estimates_hours_and_names_the_recipe():
 
 
 def test_a_slow_cpu_run_warns_at_start_and_still_runs(tmp_path, data_args, monkeypatch, caplog):
-    monkeypatch.setattr("lerobot.training.update.CPU_WARN_HOURS", 1e-7)  # any run is "slow"
+    monkeypatch.setattr("lerobot.training.pace.CPU_WARN_HOURS", 1e-7)  # any run is "slow"
     args = [*TINY_OFFLINE, "env=pusht_keypoints", *data_args, "training.steps=4", "eval.freq=0"]
-    with caplog.at_level(logging.WARNING, logger="lerobot.training.update"):
+    with caplog.at_level(logging.WARNING, logger="lerobot.training.pace"):
         assert train_main([*args, "device=cpu", f"output_dir={tmp_path}"]) == 0
     cpu_recipe = "+experiment=diffusion_pusht_keypoints_cpu trains the CPU recipe"  # the command knows it
     warnings = [r.getMessage() for r in caplog.records if cpu_recipe in r.getMessage()]

@@ -37,7 +37,7 @@ KEYPOINTS = [*TINY, "env=pusht_keypoints", "training.batch_size=8", "eval.freq=0
 # The image model with an in-training evaluation at its last step (1 episode per process).
 IMAGES = [*TINY, *TINY_IMAGE, "training.steps=3", "training.save_freq=3", "eval.freq=3"]
 EVAL = [
-    "policy=scripted",
+    "policy=pusht_scripted",
     "env=pusht_keypoints",
     "env.max_episode_steps=20",
     "eval.n_episodes=5",

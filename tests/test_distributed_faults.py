@@ -176,7 +176,8 @@ def test_an_env_worker_dying_on_rank_1_ends_every_rank_with_one_line(tmp_path):
 
 
 def test_a_stopped_rank_ends_training_with_one_line_naming_it(tmp_path):
-    from lerobot.checkpoints.run import latest_checkpoint, load_training_state, read_weights
+    from lerobot.checkpoints.run import load_training_state, read_weights
+    from lerobot.checkpoints.run_layout import latest_checkpoint
 
     run = tmp_path / "run"
     args = [*_diffusion_args(tmp_path, run), "training.collective_timeout_s=3"]
@@ -233,7 +234,8 @@ def test_a_stopped_rank_ends_a_sharded_evaluation_with_one_line_naming_it(tmp_pa
 
 
 def test_sigterm_to_torchrun_stops_every_rank_cleanly_yet_torchrun_exits_1(tmp_path):
-    from lerobot.checkpoints.run import latest_checkpoint, load_training_state
+    from lerobot.checkpoints.run import load_training_state
+    from lerobot.checkpoints.run_layout import latest_checkpoint
 
     run = tmp_path / "run"
     torchrun = _torchrun("train", _diffusion_args(tmp_path, run), tmp_path / "rc")
@@ -258,7 +260,7 @@ def test_sigterm_to_torchrun_stops_every_rank_cleanly_yet_torchrun_exits_1(tmp_p
 
 
 def test_sigterm_to_rank_1_is_named_by_the_main_process_and_torchrun_exits_0(tmp_path):
-    from lerobot.checkpoints.run import latest_checkpoint
+    from lerobot.checkpoints.run_layout import latest_checkpoint
 
     run = tmp_path / "run"
     torchrun = _torchrun("train", _diffusion_args(tmp_path, run), tmp_path / "rc")

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from lerobot.checkpoints.run import save_checkpoint
 from lerobot.cli import compose_config, eval_main, train_main
 from lerobot.config import env_config
 from lerobot.evaluation import evaluate
 from lerobot.policy_registry import make_policy, make_policy_config
+from lerobot.training.run_dir.saving import save_checkpoint
 
 QUICK = ["policy=random", "env=pusht_keypoints", "env.max_episode_steps=5", "eval.n_episodes=2"]
 QUICK += ["eval.batch_size=2", "eval.use_async_envs=false"]
@@ -110,7 +110,7 @@ def test_bad_eval_value_is_one_line_and_writes_nothing(override, message, tmp_pa
 
 
 def test_bad_eval_value_with_a_checkpoint_or_in_training_stops_at_start(tmp_path, capsys):
-    cfg = compose_config(["policy=scripted", "env=pusht_keypoints"])
+    cfg = compose_config(["policy=pusht_scripted", "env=pusht_keypoints"])
     policy = make_policy(make_policy_config(cfg.policy, env_config(cfg)))
     save_checkpoint(tmp_path / "run", 0, policy, cfg)
     args = ["--checkpoint", str(tmp_path / "run"), "eval.start_seed=-3", "--output-dir", str(tmp_path / "e")]

@@ -12,10 +12,10 @@ import torch
 from omegaconf import OmegaConf
 
 from lerobot.checkpoints import load_for_run, locate
-from lerobot.checkpoints.run import save_checkpoint
 from lerobot.cli import compose_config, eval_main
 from lerobot.config import env_config
 from lerobot.policy_registry import make_policy, make_policy_config
+from lerobot.training.run_dir.saving import save_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -46,7 +46,7 @@ def test_eval_script_random_policy_writes_metrics_and_video(tmp_path):
 
 def test_eval_checkpoint_round_trip(tmp_path):
     """A checkpoint written by save_checkpoint evaluates through the CLI; the wrong env is refused."""
-    cfg = compose_config(["policy=scripted", "env=pusht_keypoints", "env.max_episode_steps=10"])
+    cfg = compose_config(["policy=pusht_scripted", "env=pusht_keypoints", "env.max_episode_steps=10"])
     policy = make_policy(make_policy_config(cfg.policy, env_config(cfg)))
     ckpt = save_checkpoint(tmp_path / "run", 0, policy, cfg)
     assert (
@@ -84,7 +84,7 @@ def test_output_dir_override_is_where_eval_writes(tmp_path):
         (["policy=random", "eval.n_episodes=0"], "eval.n_episodes"),
         (["policy=random", "eval.bogus=1"], "bogus"),
         (["policy=random", "policy.bogus=1"], "Key 'bogus' not in 'RandomConfig'"),
-        (["policy=scripted", "env=pendulum"], "policy=scripted fits"),
+        (["policy=pusht_scripted", "env=pendulum"], "policy=pusht_scripted fits"),
         (["policy=random", "eval.step_timeout_s=0"], "eval.step_timeout_s"),
         (["policy=random", "eval.schedule=sometimes"], "eval.schedule"),
         (["--checkpoint", "/does/not/exist"], "does not exist"),

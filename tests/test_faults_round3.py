@@ -586,8 +586,8 @@ def test_the_scripts_end_bad_input_with_one_error_line_and_status_2(tmp_path, sc
 
 # -------------------------------------------------------------------------------------------- the interval
 def test_the_max_reward_interval_stays_within_the_rewards_bounds(tmp_path):
+    from lerobot.episode_stats import aggregate_episodes
     from lerobot.evaluation import clip_reward_interval
-    from lerobot.rollout import aggregate_episodes
 
     rows = [{"sum_reward": 1.0, "max_reward": r, "success": False} for r in (0.0, 0.58)]
     aggregated = aggregate_episodes(rows, eval_s=1.0, busy_steps=10, slot_steps=10)

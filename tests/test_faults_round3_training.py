@@ -21,9 +21,9 @@ from test_dataset import ZARR, write_fake_zarr
 from test_run_lifecycle import ENDLESS, last_line, launch, stop, train_steps, wait_for
 from test_train import TINY, TINY_IMAGE
 
-from lerobot.checkpoints.run import checkpoint_dir, latest_checkpoint
+from lerobot.checkpoints.run_layout import checkpoint_dir, latest_checkpoint
 from lerobot.cli import train_main
-from lerobot.runtime.files import LOCK_FILE
+from lerobot.training.run_dir.lock import LOCK_FILE
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -21,14 +21,15 @@ from test_diffusion import stats_for
 from test_plot_runs import plot_runs, write_run
 from toy_env import make_toy
 
-from lerobot.checkpoints.run import MODEL_FILE, checkpoint_dir, save_checkpoint
+from lerobot.checkpoints.run_layout import MODEL_FILE, checkpoint_dir
 from lerobot.cli import compose_config, eval_main, train_main
 from lerobot.config import CONFIG_DIR, EnvConfig, env_config
 from lerobot.envs import factory
 from lerobot.errors import EnvWorkerError
 from lerobot.policy_registry import make_policy, make_policy_config
 from lerobot.runtime.checksums import read_checksums
-from lerobot.runtime.files import LOCK_FILE
+from lerobot.training.run_dir.lock import LOCK_FILE
+from lerobot.training.run_dir.saving import save_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 # One short episode of the tiny Diffusion Policy of `tiny_checkpoint`, no video.

@@ -23,14 +23,15 @@ from test_online_train import TINY
 from test_replay_buffer import SCRIPTS_3, collect, stored
 from test_run_lifecycle import ENDLESS, last_line, launch, train_steps, wait_for
 
-from lerobot.checkpoints.run import checkpoint_dir, latest_checkpoint, load_training_state
+from lerobot.checkpoints.run import load_training_state
+from lerobot.checkpoints.run_layout import checkpoint_dir, latest_checkpoint
 from lerobot.cli import compose_train_config, train_main
 from lerobot.cli.recipes import slow_cpu_run_advice
 from lerobot.config import CONFIG_DIR
 from lerobot.constants import OBS_STATE
 from lerobot.runtime.signals import StopAborted, StopRequest, WaitInterrupted
-from lerobot.training.online import UpdateSchedule
 from lerobot.training.replay_buffer import ReplayBuffer
+from lerobot.training.schedule import UpdateSchedule
 from lerobot.training.update import TrainStep
 
 ASYNC = ["training.use_async_envs=true", "training.log_freq=2"]
@@ -182,13 +183,13 @@ def test_a_stop_during_a_burst_of_updates_saves_what_is_owed_and_the_resume_make
 def test_a_stop_in_the_middle_of_a_collection_is_taken_up_by_the_resumed_run(tmp_path, monkeypatch):
     """With `training.train_freq` vector steps per collection, a stop ends the collection at a vector step;
     the resumed run takes the rest of it, then its updates."""
-    import lerobot.training.online as online
+    import lerobot.training.collector as collector
 
     run = tmp_path / "run"
     args = [*TINY, "training.train_freq=4", "training.save_buffer=true", "eval.freq=0", "training.log_freq=8"]
     args.append(f"output_dir={run}")
     steps = []
-    real_step = online.step_envs
+    real_step = collector.step_envs
 
     def step_then_sigterm(*args):
         steps.append(1)
@@ -196,7 +197,7 @@ def test_a_stop_in_the_middle_of_a_collection_is_taken_up_by_the_resumed_run(tmp
             os.kill(os.getpid(), signal.SIGTERM)
         return real_step(*args)
 
-    monkeypatch.setattr(online, "step_envs", step_then_sigterm)
+    monkeypatch.setattr(collector, "step_envs", step_then_sigterm)
     assert train_main([*args, "training.steps=40"]) == 0
     state = load_training_state(latest_checkpoint(run))
     assert state["transitions"] == 20 and state["collection_steps"] == 2 and state["updates_owed"] == 0
@@ -240,7 +241,7 @@ def test_a_branch_may_change_n_envs_and_buffer_capacity(tmp_path, caplog):
     branch = tmp_path / "branch"
     argv = [*TINY, "training.n_envs=3", "training.buffer_capacity=24", "training.save_buffer=true"]
     argv += ["eval.freq=0", f"training.init_from={base}", f"output_dir={branch}", "training.steps=26"]
-    with caplog.at_level(logging.INFO, logger="lerobot.training.online"):
+    with caplog.at_level(logging.INFO, logger="lerobot.training.online_state"):
         assert train_main(argv) == 0
     assert "the replay buffer's 20 transitions of 2 envs copied into 8 rows x 3 envs: 16 kept" in caplog.text
     state = load_training_state(latest_checkpoint(branch))
@@ -269,7 +270,7 @@ def test_an_online_run_on_the_cpu_estimates_its_time_once_learning_has_started(t
     """The README promises a line estimating the run's time; online runs printed none. It comes once the
     policy acts and the first burst of updates is made (the random steps before are far cheaper)."""
     args = [*TINY, "eval.freq=0", "device=cpu", "training.steps=40", f"output_dir={tmp_path}"]
-    with caplog.at_level(logging.INFO, logger="lerobot.training.update"):
+    with caplog.at_level(logging.INFO, logger="lerobot.training.pace"):
         assert train_main(args) == 0
     (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("estimate: ")]
     # Measured over collections 2 to 11 after the one that crossed learning_starts (ending at 34).
@@ -296,9 +297,9 @@ def test_the_slow_run_warning_names_only_the_recipes_that_apply(tmp_path, caplog
     assert advice("+experiment=tdmpc_dmc_cpu") == "lower training.steps"
 
     # An online run says it too, once it knows its pace.
-    monkeypatch.setattr("lerobot.training.update.CPU_WARN_HOURS", 1e-7)  # any run is "slow"
+    monkeypatch.setattr("lerobot.training.pace.CPU_WARN_HOURS", 1e-7)  # any run is "slow"
     args = [*TINY, "eval.freq=0", "device=cpu", "training.steps=40", f"output_dir={tmp_path}"]
-    with caplog.at_level(logging.WARNING, logger="lerobot.training.update"):
+    with caplog.at_level(logging.WARNING, logger="lerobot.training.pace"):
         assert train_main(args) == 0
     (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("on the CPU this run")]
     assert line.endswith("6 steps left); lower training.steps")

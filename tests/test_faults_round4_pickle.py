@@ -16,7 +16,8 @@ from test_checkpoint_faults import one_line_error
 from test_dataset import ZARR, write_fake_zarr
 from test_train import TINY
 
-from lerobot.checkpoints.run import checkpoint_dir, load_training_state
+from lerobot.checkpoints.run import load_training_state
+from lerobot.checkpoints.run_layout import checkpoint_dir
 from lerobot.checkpoints.training_state import TRAINING_STATE_FILE
 from lerobot.cli import convert_main, eval_main, train_main
 from lerobot.runtime.checksums import file_sha256, read_checksums, write_checksums
@@ -136,12 +137,12 @@ def test_an_older_checkpoint_is_refused_in_one_line_and_converted_only_on_the_us
 
 def test_a_resumed_run_draws_the_random_numbers_it_would_have_drawn(tmp_path, data_args):
     """The random states saved as plain tensors restore numpy's stream exactly."""
-    from lerobot import distributed
+    from lerobot import random_state
 
     np.random.seed(3)
-    state = distributed.get_rng_state()
+    state = random_state.get_rng_state()
     torch.save(state, tmp_path / "rng.pt")
     expected = np.random.rand(5)
     np.random.seed(0)
-    distributed.set_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True))
+    random_state.set_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True))
     assert np.array_equal(np.random.rand(5), expected)

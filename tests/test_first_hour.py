@@ -24,7 +24,7 @@ from lerobot.cli.sweep import sweep_jobs, sweep_recipe
 from lerobot.config import CONFIG_DIR, RECIPE_ENV
 from lerobot.errors import ConfigError
 from lerobot.policy_registry import available_policies
-from lerobot.training.update import CpuPace, cpu_run_estimate
+from lerobot.training.pace import CpuPace, cpu_run_estimate
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MAIN = ["policy=diffusion", "env=pusht"]  # the README's main command
@@ -196,7 +196,7 @@ def test_the_saved_config_records_the_recipe_and_the_start_up_says_it_once(tiny_
 
 def test_a_cpu_run_estimates_its_time_once_after_its_first_steps(caplog):
     pace = CpuPace(torch.device("cpu"), steps_left=16_000)
-    with caplog.at_level(logging.INFO, logger="lerobot.training.update"):
+    with caplog.at_level(logging.INFO, logger="lerobot.training.pace"):
         for _ in range(5):
             pace.step()
     (line,) = [r.getMessage() for r in caplog.records]

@@ -23,16 +23,13 @@ import zarr
 
 from lerobot.cli import export_main
 from lerobot.config import DatasetConfig, EnvConfig, FeatureConfig
-from lerobot.datasets import EpisodeDataset, convert_pusht_zarr, make_dataset
+from lerobot.datasets import EpisodeDataset, make_dataset
 from lerobot.datasets.factory import dataset_format
 from lerobot.datasets.lerobot_export import encode_video, export_lerobot_dataset
-from lerobot.datasets.lerobot_format import (
-    INFO_PATH,
-    LEGACY_EPISODES_STATS_PATH,
-    STATS_PATH,
-    decode_video_into,
-)
+from lerobot.datasets.lerobot_format import INFO_PATH, LEGACY_EPISODES_STATS_PATH, STATS_PATH
+from lerobot.datasets.lerobot_frames import decode_video_into
 from lerobot.datasets.lerobot_import import convert_lerobot_dataset
+from lerobot.datasets.pusht_import import convert_pusht_zarr
 from lerobot.errors import ConfigError, DatasetError, DatasetNotFoundError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -84,6 +81,7 @@ def decode_all(paths: list[Path]) -> np.ndarray:
 def env_cfg() -> EnvConfig:
     return EnvConfig(
         name="pusht",
+        fps=FPS,
         features={
             "observation.image": FeatureConfig(shape=[3, SIZE, SIZE], kind="visual"),
             "observation.state": FeatureConfig(shape=[2], kind="state"),

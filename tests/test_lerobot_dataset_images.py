@@ -41,6 +41,7 @@ def _reference() -> dict[str, np.ndarray]:
 def _env() -> EnvConfig:
     return EnvConfig(
         name="images",
+        fps=10,
         features={
             IMAGE: FeatureConfig(shape=[3, 16, 16], kind="visual"),
             "observation.state": FeatureConfig(shape=[2], kind="state"),

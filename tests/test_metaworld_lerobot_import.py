@@ -2,8 +2,8 @@
 env=metaworld (state) and env=metaworld_pixels (camera frames resized at import with `dataset.image_size`),
 each episode's task description becoming the `observation.task_index` the env declares.
 
-The fixture `lerobot_metaworld` was recorded by LeRobot 0.6.1 itself (tests/fixtures/
-make_lerobot_metaworld_fixture.py): `lerobot/metaworld_mt50`'s features with a 3x32x32 camera, 4 episodes of 5,
+The fixture `lerobot_metaworld` was recorded by LeRobot 0.6.1 itself (scripts/make_lerobot_fixtures.py
+--kind metaworld): `lerobot/metaworld_mt50`'s features with a 3x32x32 camera, 4 episodes of 5,
 4, 6 and 3 frames whose tasks are LeRobot's descriptions of reach-v3 and drawer-close-v3, alternating; its
 `reference.safetensors` is what LeRobot's own `LeRobotDataset` returns for every frame.
 """
@@ -168,7 +168,7 @@ def test_unknown_and_ambiguous_task_strings_are_one_clear_error(tmp_path):
         ConfigError, match=r"describes 2 tasks of .* \(push-back-v3, push-v3\), so it names none"
     ):
         make_dataset(_data(tmp_path / "b", ambiguous), env)
-    # Told apart by the env's vocabulary (a YAML of one's own, docs/lerobot_dataset.md), the string names one.
+    # Told apart by the env's vocabulary (a YAML of one's own, docs/lerobot_dataset_io.md), the string names one.
     env.features[TASK].descriptions["push-back-v3"] = "(none in this dataset)"
     dataset = make_dataset(_data(tmp_path / "b", ambiguous), env)
     assert _all_frames(dataset)[TASK][:5].tolist() == [env.features[TASK].names.index("push-v3")] * 5

@@ -8,7 +8,7 @@ import torch
 from lerobot.cli import compose_config
 from lerobot.config import policy_config
 from lerobot.errors import ConfigError
-from lerobot.training.online import UpdateSchedule
+from lerobot.training.schedule import UpdateSchedule
 from lerobot.training.update import build_optimizer
 
 

@@ -4,42 +4,21 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from lerobot.checkpoints.run import latest_checkpoint, load_run_policy, load_training_state
+from lerobot.checkpoints.run import load_run_policy, load_training_state
+from lerobot.checkpoints.run_layout import latest_checkpoint
 from lerobot.cli import compose_config, eval_main, train_main
 from lerobot.runtime.checksums import write_checksums
-from lerobot.training.online import UpdateSchedule
+from lerobot.training.schedule import UpdateSchedule
 
-TINY = [
-    "policy=tdmpc",
-    "env=pendulum",
-    "env.max_episode_steps=12",
-    "policy.latent_dim=16",
-    "policy.enc_dim=32",
-    "policy.mlp_dim=32",
-    "policy.n_q=2",
-    "policy.horizon=3",
-    "policy.iterations=2",
-    "policy.num_samples=16",
-    "policy.num_elites=4",
-    "policy.num_pi_trajs=2",
-    "training.batch_size=8",
-    "training.n_envs=2",
-    "training.learning_starts=10",
-    "training.gradient_steps=-1",
-    "training.log_freq=10",
-    "training.save_freq=20",
-    "eval.freq=20",
-    "eval.n_episodes=2",
-    "eval.batch_size=2",
-    "eval.max_episodes_rendered=0",
-    "eval.use_async_envs=false",
-]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from tiny import TDMPC_PENDULUM as TINY  # noqa: E402
 
 
 def records(run_dir: Path, split: str) -> list[dict]:

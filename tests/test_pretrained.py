@@ -19,6 +19,7 @@ from lerobot.policies.policy import Policy
 from lerobot.policies.tdmpc.modeling import TDMPCPolicy
 from lerobot.policy_registry import make_policy, make_policy_config
 from lerobot.training import offline
+from lerobot.training.run_dir import RunDir
 from lerobot.training.update import TrainStep
 
 TINY = [
@@ -111,7 +112,7 @@ def test_training_checkpoints_are_pretrained_directories(trained, tmp_path):
     """`offline.save` adds config.json: the checkpoint loads with from_pretrained, with the EMA weights."""
     policy, cfg = trained
     update = TrainStep(policy, policy.config, cfg.training, total_updates=1)
-    offline.save(tmp_path / "run", 5, policy, update, cfg)
+    offline.save(RunDir(tmp_path / "run", cfg, resume_from=None), 5, policy, update)
     ckpt = tmp_path / "run" / "checkpoints" / "000000005"
     loaded = Policy.from_pretrained(ckpt)
     saved = load_file(ckpt / MODEL_FILE)
@@ -124,7 +125,7 @@ def test_from_pretrained_takes_a_run_directory_and_validated_overrides(trained, 
     config overrides applied and checked like command-line ones."""
     policy, cfg = trained
     update = TrainStep(policy, policy.config, cfg.training, total_updates=1)
-    offline.save(tmp_path / "run", 5, policy, update, cfg)
+    offline.save(RunDir(tmp_path / "run", cfg, resume_from=None), 5, policy, update)
     policy.save_pretrained(tmp_path / "model")
     for path in (tmp_path / "run", tmp_path / "model"):
         loaded = Policy.from_pretrained(path, n_action_steps=2)

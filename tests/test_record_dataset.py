@@ -39,7 +39,7 @@ def _episodes(converted):
     return meta, [{k: v[s:e] for k, v in arrays.items()} for s, e in zip(starts, ends)]
 
 
-@pytest.mark.parametrize("policy", ["scripted", "random"])
+@pytest.mark.parametrize("policy", ["pusht_scripted", "random"])
 def test_recorded_keypoint_episodes_hold_what_eval_info_reports(tmp_path, policy):
     """Per step: the observation acted on, the action, the reward, success and done flags, the seed."""
     info, record, converted = _record(
@@ -61,9 +61,11 @@ def test_recorded_keypoint_episodes_hold_what_eval_info_reports(tmp_path, policy
         # The env moved: consecutive observations differ, and the recorded actions are the policy's.
         assert np.abs(np.diff(episode["observation.state"], axis=0)).max() > 0
         assert np.all((episode["action"] >= 0) & (episode["action"] <= 512))
-    if policy == "scripted":  # row t's action is what the policy does given row t's observation
+    if policy == "pusht_scripted":  # row t's action is what the policy does given row t's observation
         acting = make_policy(
-            make_policy_config({"name": "scripted"}, env_config(compose_config(["env=pusht_keypoints"])))
+            make_policy_config(
+                {"name": "pusht_scripted"}, env_config(compose_config(["env=pusht_keypoints"]))
+            )
         )
         for episode in episodes:
             acting.reset()
@@ -91,7 +93,9 @@ def test_recorded_camera_episodes_are_videos_and_train_as_a_dataset(tmp_path):
 
 
 def test_a_policy_trains_on_recorded_rollouts(tmp_path):
-    _, record, _ = _record(tmp_path, "policy=scripted", "env=pusht_keypoints", "env.max_episode_steps=20")
+    _, record, _ = _record(
+        tmp_path, "policy=pusht_scripted", "env=pusht_keypoints", "env.max_episode_steps=20"
+    )
     run = tmp_path / "run"
     args = [*TINY, "env=pusht_keypoints", "training.steps=2", "eval.freq=0", f"output_dir={run}"]
     data = ["dataset.repo_id=local/rollouts", f"dataset.root={record}", f"dataset.cache_dir={tmp_path / 'c'}"]

@@ -19,11 +19,8 @@ from lerobot.constants import (
     REPLAY_INDEX,
     SAMPLE_WEIGHT,
 )
-from lerobot.training.replay_buffer import (
-    ReplayBuffer,
-    final_observations,
-    sample_mixed,
-)
+from lerobot.training.demonstrations import sample_mixed
+from lerobot.training.replay_buffer import ReplayBuffer, final_observations
 
 
 class ScriptedEpisodesEnv(gym.Env):

@@ -14,7 +14,7 @@ from test_online_train import TINY as TINY_TDMPC
 from test_run_lifecycle import train_steps
 from test_train import TINY
 
-from lerobot.checkpoints.run import DATA_FINGERPRINT_FILE, latest_checkpoint, list_checkpoints
+from lerobot.checkpoints.run_layout import DATA_FINGERPRINT_FILE, latest_checkpoint, list_checkpoints
 from lerobot.cli import train_main
 from lerobot.runtime.checksums import write_checksums
 

@@ -456,7 +456,7 @@ def test_pixels_without_observation_copies_match_copies():
 
 
 def test_wilson_interval_matches_known_values_and_aggregates_carry_intervals():
-    from lerobot.rollout import aggregate_episodes, wilson_interval
+    from lerobot.episode_stats import aggregate_episodes, wilson_interval
 
     # Reference values of the Wilson score interval (z = 1.96).
     assert wilson_interval(0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)

@@ -31,20 +31,14 @@ from test_online_train import TINY as TINY_TDMPC
 from test_run_lifecycle import diffusion_args, launch, train_steps, wait_for
 from test_train import TINY, data_args  # noqa: F401 (data_args: a pytest fixture)
 
-import lerobot.checkpoints.run as checkpoint
-from lerobot.checkpoints.run import (
-    MODEL_FILE,
-    checkpoint_dir,
-    latest_checkpoint,
-    load_config,
-    load_run_policy,
-    load_training_state,
-    remove_stale_temporaries,
-)
+import lerobot.checkpoints.run_writer as run_writer
+from lerobot.checkpoints.run import load_config, load_run_policy, load_training_state
+from lerobot.checkpoints.run_layout import MODEL_FILE, checkpoint_dir, latest_checkpoint
 from lerobot.cli import eval_main, train_main
 from lerobot.errors import CheckpointError, RunDirError
 from lerobot.runtime.checksums import CHECKSUMS_FILE
-from lerobot.runtime.files import LOCK_FILE, RunLock
+from lerobot.training.run_dir.cleanup import remove_stale_temporaries
+from lerobot.training.run_dir.lock import LOCK_FILE, RunLock
 
 REPO = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
@@ -122,15 +116,15 @@ def test_the_owner_rewrites_run_lock_and_stops_when_its_directory_is_replaced(tm
     owner = RunLock(run)
     owner.acquire()
     try:
-        tiny_checkpoint(run, 1)
+        tiny_checkpoint(run, 1, lock=owner)
         (run / LOCK_FILE).unlink()
-        tiny_checkpoint(run, 2)  # verified before writing: the record is rewritten
+        tiny_checkpoint(run, 2, lock=owner)  # verified before writing: the record is rewritten
         assert (run / LOCK_FILE).read_text().startswith(f"pid={os.getpid()} ")
         # The directory is moved away and a new one made in its place (which another run could lock).
         run.rename(tmp_path / "moved")
         run.mkdir()
         with pytest.raises(RunDirError, match=f"{run} is no longer the directory this run locked"):
-            tiny_checkpoint(run, 3)
+            tiny_checkpoint(run, 3, lock=owner)
         assert list(run.iterdir()) == []
     finally:
         owner.release()
@@ -241,7 +235,7 @@ _save_and_hang(pathlib.Path({run!r}), 2, "checksums", Ready())
 """
 CLEAN_AS_PID_1 = """
 import os, pathlib
-from lerobot.checkpoints.run import remove_stale_temporaries
+from lerobot.training.run_dir.cleanup import remove_stale_temporaries
 assert os.getpid() == 1
 remove_stale_temporaries(pathlib.Path({run!r}))
 """
@@ -364,13 +358,13 @@ def on_disk(ckpt: Path) -> int:
 @pytest.mark.parametrize("config", ["diffusion", "tdmpc"])
 def test_the_space_estimate_covers_what_a_save_writes(config, tmp_path, data_args, monkeypatch):  # noqa: F811
     estimates = []
-    real = checkpoint.checkpoint_bytes
+    real = run_writer.checkpoint_bytes
 
     def record(*args, **kwargs):
         estimates.append(real(*args, **kwargs))
         return estimates[-1]
 
-    monkeypatch.setattr(checkpoint, "checkpoint_bytes", record)
+    monkeypatch.setattr(run_writer, "checkpoint_bytes", record)
     run = tmp_path / "run"
     if config == "diffusion":
         args = [*TINY, "env=pusht_keypoints", *data_args, "training.steps=2", "training.save_freq=2"]
@@ -386,12 +380,12 @@ def test_the_space_estimate_covers_what_a_save_writes(config, tmp_path, data_arg
 FILL_TO_ESTIMATE = """
 import os, pathlib, shutil, sys
 sys.path[:0] = [{tests!r}]
-import lerobot.checkpoints.run as checkpoint
+import lerobot.checkpoints.run_writer as run_writer
 from lerobot.errors import CheckpointError
 from test_checkpoint_faults import tiny_checkpoint
 mnt = pathlib.Path({mnt!r})
 os.system(f"mount -t tmpfs -o size=8m tmpfs {{mnt}}")
-real = checkpoint.checkpoint_bytes
+real = run_writer.checkpoint_bytes
 
 def fill(*args, **kwargs):
     # Leave exactly the estimate free (less `short` bytes), as a disk filled by other writers would.
@@ -401,7 +395,7 @@ def fill(*args, **kwargs):
     assert shutil.disk_usage(mnt).free == needed - {short}
     return needed
 
-checkpoint.checkpoint_bytes = fill
+run_writer.checkpoint_bytes = fill
 try:
     tiny_checkpoint(mnt / "run", 1)
     print("saved")

@@ -19,9 +19,10 @@ from test_dataset import ZARR, write_fake_zarr
 from test_online_train import TINY as TINY_TDMPC
 from test_train import TINY
 
-from lerobot.checkpoints.run import latest_checkpoint, load_training_state
+from lerobot.checkpoints.run import load_training_state
+from lerobot.checkpoints.run_layout import latest_checkpoint
 from lerobot.cli import train_main
-from lerobot.runtime.files import LOCK_FILE, RunLock
+from lerobot.training.run_dir.lock import LOCK_FILE, RunLock
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # Far more steps than a test waits for: these runs end by a signal.
@@ -177,7 +178,7 @@ def test_online_sigusr1_saves_and_exits_0(tmp_path):
 
 
 def test_stale_lock_of_a_killed_process_is_taken_over(tmp_path, caplog):
-    code = f"from lerobot.runtime.files import RunLock; RunLock({str(tmp_path)!r}).acquire(); print('locked', flush=True); input()"
+    code = f"from lerobot.training.run_dir.lock import RunLock; RunLock({str(tmp_path)!r}).acquire(); print('locked', flush=True); input()"
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     holder = subprocess.Popen(
         [sys.executable, "-c", code], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True

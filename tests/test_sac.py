@@ -13,7 +13,8 @@ from conftest import REPO_ROOT
 from torch.distributions import Normal, TransformedDistribution
 from torch.distributions.transforms import TanhTransform
 
-from lerobot.checkpoints.run import latest_checkpoint, load_run_policy, load_training_state
+from lerobot.checkpoints.run import load_run_policy, load_training_state
+from lerobot.checkpoints.run_layout import latest_checkpoint
 from lerobot.cli import eval_main, train_main
 from lerobot.config import FeatureConfig
 from lerobot.constants import ACTION, NEXT_REWARD, NEXT_TERMINATED, NEXT_TRUNCATED, OBS_IMAGE, OBS_STATE

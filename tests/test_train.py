@@ -2,6 +2,7 @@
 
 import copy
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,16 +11,17 @@ from omegaconf import OmegaConf
 from safetensors.torch import load_file
 from test_dataset import ZARR, write_fake_zarr
 
-import lerobot.training.offline as offline
 from lerobot.cli import eval_main, train_main
 from lerobot.errors import CheckpointError, TrainingDivergedError
+from lerobot.training.run_dir import RunDir
 from lerobot.training.update import TrainStep
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from tiny import PUSHT_8PX, TINY_DIFFUSION  # noqa: E402
 
 TINY = [
     "policy=diffusion",
-    "policy.down_dims=[16,32]",
-    "policy.diffusion_step_embed_dim=8",
-    "policy.n_groups=4",
+    *TINY_DIFFUSION,
     "policy.num_inference_steps=3",
     "policy.scheduler_warmup_steps=2",
     "training.batch_size=4",
@@ -31,12 +33,9 @@ TINY = [
     "eval.max_episodes_rendered=1",
     "env.max_episode_steps=8",
 ]
-# An 8x8 camera keeps the image model tiny (gym-pusht renders observations at any size).
 TINY_IMAGE = [
     "env=pusht",
-    "env.gym_kwargs.observation_width=8",
-    "env.gym_kwargs.observation_height=8",
-    "env.features={observation.image: {shape: [3, 8, 8]}}",
+    *PUSHT_8PX,
     "policy.crop_shape=[6,6]",
     "policy.spatial_softmax_num_keypoints=4",
 ]
@@ -101,7 +100,7 @@ def test_resume_is_exact(tmp_path, data_args, monkeypatch):
     assert train_main([*common, f"output_dir={straight}"]) == 0
 
     resumed = tmp_path / "resumed"
-    real_save = offline.save_checkpoint
+    real_save = RunDir.save
 
     def save_then_crash(run_dir, step, *args, **kwargs):
         path = real_save(run_dir, step, *args, **kwargs)
@@ -109,9 +108,9 @@ def test_resume_is_exact(tmp_path, data_args, monkeypatch):
             raise KeyboardInterrupt  # the process dies right after the step-3 checkpoint
         return path
 
-    monkeypatch.setattr(offline, "save_checkpoint", save_then_crash)
+    monkeypatch.setattr(RunDir, "save", save_then_crash)
     assert train_main([*common, f"output_dir={resumed}"]) == 130  # the CLI's exit code after an interrupt
-    monkeypatch.setattr(offline, "save_checkpoint", real_save)
+    monkeypatch.setattr(RunDir, "save", real_save)
     assert train_main([*common, f"output_dir={resumed}", "training.resume=true"]) == 0
 
     assert [r["loss"] for r in metrics(resumed)] == [r["loss"] for r in metrics(straight)]

@@ -1,7 +1,8 @@
 """Every checkpoint format, behind one `load_policy(path)`.
 
-- `run`: a training run's checkpoints (`run_dir/checkpoints/<step>/`: weights, the whole run config, the
-  training state to resume from, checksums), written atomically and verified when read.
+- a training run's checkpoints (`run_dir/checkpoints/<step>/`: weights, the whole run config, the training
+  state to resume from, checksums): where they live and which is a run's latest (`run_layout`), one written
+  atomically (`run_writer`), one verified and read (`run`).
 - `hub`: this project's Hugging Face hub layout (`config.json` + `model.safetensors`); every run checkpoint is
   also such a directory.
 - `lerobot_diffusion`, `lerobot_act`: LeRobot's Diffusion Policy and ACT `pretrained_model` directories,
@@ -25,6 +26,7 @@ from torch import nn
 
 from lerobot.checkpoints import hub, lerobot_act, lerobot_diffusion, run
 from lerobot.checkpoints.hub import CONFIG_JSON, LEROBOT_MODEL_DIR, PretrainedSpec
+from lerobot.checkpoints.run_layout import CONFIG_FILE, resolve_checkpoint_dir
 from lerobot.config import EnvConfig, PolicyConfig, env_config, policy_config
 from lerobot.errors import ConfigError, PretrainedError
 from lerobot.policy_registry import make_policy_config, validate_run_config
@@ -53,12 +55,12 @@ def locate(path_or_repo_id: str | Path, revision: str | None = None) -> Source:
     path = Path(path_or_repo_id)
     if not path.exists():
         return Source(hub.resolve_pretrained(path_or_repo_id, revision), run=False)
-    if (path / run.CONFIG_FILE).exists():
+    if (path / CONFIG_FILE).exists():
         return Source(path, run=True)
     pretrained = hub.pretrained_dir(path)
     if pretrained is not None:
         return Source(pretrained, run=False)
-    return Source(run.resolve_checkpoint_dir(path), run=True)
+    return Source(resolve_checkpoint_dir(path), run=True)
 
 
 def read_spec(path: Path | str) -> PretrainedSpec:

@@ -28,20 +28,16 @@ from typing import Any
 
 from torch import nn
 
-from lerobot.checkpoints.hub import CONFIG_JSON, MODEL_FILE, PretrainedSpec, load_state_checked
+from lerobot.checkpoints.hub import PretrainedSpec
 from lerobot.checkpoints.lerobot_common import (
-    RUNTIME_FIELDS,
-    check_fields,
-    make_normalized_policy,
-    normalization_mapping,
-    read_features,
-    read_weights,
+    lerobot_spec,
+    load_lerobot_policy,
+    policy_section,
+    read_config_features,
     refuse,
-    with_own_normalization,
 )
 from lerobot.config import FeatureConfig, PolicyConfig
 from lerobot.constants import ACTION, ACTION_KIND, ENV_STATE, OBS_ENV_STATE, OBS_STATE, STATE, VISUAL
-from lerobot.errors import PretrainedError
 
 LEROBOT_TYPE = "act"
 SOURCE = "lerobot-0.6-act"
@@ -116,36 +112,23 @@ def convert_config(config: dict[str, Any], where: Path) -> tuple[dict[str, Any],
 
     Raises `PretrainedError` naming the first field that cannot be mapped.
     """
-    check_fields(config, (*_COPIED, *_HANDLED, *RUNTIME_FIELDS), _COPIED, where)
-    features = read_features(config, where)
+    features = read_config_features(config, _HANDLED, _COPIED, where)
     _check_features(features, where)
     _check_modules(config, features, where)
-    section: dict[str, Any] = {"name": "act", **{field: config[field] for field in _COPIED}}
     # LeRobot types it as an int defaulting to False.
-    section["replace_final_stride_with_dilation"] = bool(config["replace_final_stride_with_dilation"])
-    # The ResNet's weights come from the checkpoint: nothing is downloaded.
-    section["pretrained_backbone_weights"] = None
-    section["normalization_mapping"] = normalization_mapping(
-        config, {f.kind for f in features.values()}, where
+    dilation = bool(config["replace_final_stride_with_dilation"])
+    section = policy_section(
+        "act", config, _COPIED, features, where, replace_final_stride_with_dilation=dilation
     )
     return section, features
 
 
 def read_spec(directory: Path, config: dict[str, Any]) -> PretrainedSpec:
     """The spec of a LeRobot ACT `pretrained_model` directory, from its `config.json` content `config`."""
-    policy, features = convert_config(config, directory / CONFIG_JSON)
-    return PretrainedSpec(directory, SOURCE, policy, features, None)
+    return lerobot_spec(directory, config, convert_config, SOURCE)
 
 
 def load_weights(spec: PretrainedSpec, policy_cfg: PolicyConfig) -> nn.Module:
     """This project's policy of `policy_cfg` (converted from the LeRobot config of `spec`) with the LeRobot
-    weights and normalization statistics of its directory."""
-    directory = spec.path
-    if policy_cfg.name != "act":
-        raise PretrainedError(
-            f"{directory} is a LeRobot ACT checkpoint; policy {policy_cfg.name!r} cannot load it"
-        )
-    policy = make_normalized_policy(directory, policy_cfg)
-    weights = directory / MODEL_FILE
-    load_state_checked(policy, with_own_normalization(read_weights(weights), policy), weights)
-    return policy
+    weights and normalization statistics of its directory: the names already match."""
+    return load_lerobot_policy(spec, policy_cfg, "act", "ACT")

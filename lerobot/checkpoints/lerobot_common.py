@@ -1,5 +1,6 @@
 """What every LeRobot (0.4 - 0.6) `pretrained_model` importer shares: features and normalization modes from
-its `config.json`, normalization statistics from its processor files, and its weights file.
+its `config.json`, normalization statistics from its processor files, and its weights file; reading the spec
+(`lerobot_spec`) and loading the policy (`load_lerobot_policy`) with a policy's own conversions.
 
 LeRobot saves the normalization statistics only in its processor pipelines: `policy_preprocessor.json` names
 a `normalizer_processor` step whose state file (`policy_preprocessor_step_<i>_normalizer_processor.safetensors`,
@@ -12,7 +13,7 @@ Everything that cannot be mapped is a `PretrainedError` of one line naming the f
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from lerobot.checkpoints.hub import read_json
+from lerobot.checkpoints.hub import CONFIG_JSON, MODEL_FILE, PretrainedSpec, load_state_checked, read_json
 from lerobot.config import FeatureConfig, PolicyConfig
 from lerobot.constants import ACTION_KIND, ENV_STATE, STATE, VISUAL
 from lerobot.errors import PretrainedError
@@ -96,6 +97,36 @@ def normalization_mapping(config: dict[str, Any], kinds: set[str], where: Path) 
             )
         mapping[kind] = MODES[mode]
     return mapping
+
+
+def read_config_features(
+    config: dict[str, Any], known: Iterable[str], copied: Iterable[str], where: Path
+) -> dict[str, FeatureConfig]:
+    """The features of a LeRobot `config.json` content `config` (`read_features`), once its fields are checked
+    (`check_fields`): each field is one the importer copies (all of them required), one it `known`s, or one
+    of the runtime fields (`RUNTIME_FIELDS`)."""
+    copied = tuple(copied)
+    check_fields(config, (*copied, *known, *RUNTIME_FIELDS), copied, where)
+    return read_features(config, where)
+
+
+def policy_section(
+    name: str,
+    config: dict[str, Any],
+    copied: Iterable[str],
+    features: dict[str, FeatureConfig],
+    where: Path,
+    **converted: Any,
+) -> dict[str, Any]:
+    """This project's `policy` section for its policy `name`: the `copied` fields of LeRobot's `config`, the
+    `converted` ones, no pretrained backbone (the ResNet's weights come from the checkpoint: nothing is
+    downloaded) and the normalization mapping of the `features`' kinds (`normalization_mapping`)."""
+    section: dict[str, Any] = {"name": name, **{field: config[field] for field in copied}, **converted}
+    section["pretrained_backbone_weights"] = None
+    section["normalization_mapping"] = normalization_mapping(
+        config, {f.kind for f in features.values()}, where
+    )
+    return section
 
 
 # ------------------------------------------------------------------------------------------------ stats
@@ -199,3 +230,45 @@ def with_own_normalization(state: dict[str, torch.Tensor], policy: nn.Module) ->
     processor files' statistics."""
     own = policy.state_dict()
     return {**state, **{k: v for k, v in own.items() if k.startswith(NORMALIZATION_PREFIXES)}}
+
+
+# ------------------------------------------------------------------------------------------------ loading
+def lerobot_spec(
+    directory: Path,
+    config: dict[str, Any],
+    convert_config: Callable[[dict[str, Any], Path], tuple[dict[str, Any], dict[str, FeatureConfig]]],
+    source: str,
+) -> PretrainedSpec:
+    """The spec of a LeRobot `pretrained_model` directory, from its `config.json` content `config`, converted
+    into this project's policy section and features by the policy's `convert_config`; `source` names the
+    format in the spec."""
+    policy, features = convert_config(config, directory / CONFIG_JSON)
+    return PretrainedSpec(directory, source, policy, features, None)
+
+
+def load_lerobot_policy(
+    spec: PretrainedSpec,
+    policy_cfg: PolicyConfig,
+    policy_name: str,
+    label: str,
+    convert_weights: Callable[[dict[str, torch.Tensor], nn.Module, Path], dict[str, torch.Tensor]]
+    | None = None,
+) -> nn.Module:
+    """This project's policy of `policy_cfg` (converted from the LeRobot config of `spec`, a LeRobot `label`
+    checkpoint that this project's policy `policy_name` loads) with the LeRobot weights and normalization
+    statistics of its directory.
+
+    `convert_weights(state, policy, weights_path)` maps LeRobot's weights onto the policy's state dict; None
+    loads them as they are (the names already match)."""
+    directory = spec.path
+    if policy_cfg.name != policy_name:
+        raise PretrainedError(
+            f"{directory} is a LeRobot {label} checkpoint; policy {policy_cfg.name!r} cannot load it"
+        )
+    policy = make_normalized_policy(directory, policy_cfg)
+    weights = directory / MODEL_FILE
+    state = read_weights(weights)
+    if convert_weights is not None:
+        state = convert_weights(state, policy, weights)
+    load_state_checked(policy, with_own_normalization(state, policy), weights)
+    return policy

@@ -2,7 +2,7 @@
 
 LeRobot saves `config.json` (its `DiffusionConfig`), `model.safetensors` (its module names) and, since 0.4,
 the normalization statistics only in its processor pipelines (read by `lerobot_common`). Both networks
-compute the same function once the names are mapped (see docs/lerobot_checkpoints.md for the table):
+compute the same function once the names are mapped (see docs/pretrained_policies.md for the table):
 
 - U-Net: `diffusion.unet.{diffusion_step_encoder, down_modules, mid_modules, up_modules, final_conv}` ->
   `unet.{step_encoder, down, mid, up, final}`; inside the blocks `conv{1,2}.block.<i>` -> `conv{1,2}.<i>`,
@@ -29,16 +29,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from lerobot.checkpoints.hub import CONFIG_JSON, MODEL_FILE, PretrainedSpec, load_state_checked
+from lerobot.checkpoints.hub import PretrainedSpec
 from lerobot.checkpoints.lerobot_common import (
-    RUNTIME_FIELDS,
-    check_fields,
-    make_normalized_policy,
-    normalization_mapping,
-    read_features,
-    read_weights,
+    lerobot_spec,
+    load_lerobot_policy,
+    policy_section,
+    read_config_features,
     refuse,
-    with_own_normalization,
 )
 from lerobot.config import FeatureConfig, PolicyConfig
 from lerobot.constants import VISUAL
@@ -91,9 +88,9 @@ _HANDLED = (
     "use_separate_rgb_encoder_per_camera",
     "use_peft",
 )
-# Training-only settings (besides LeRobot's runtime fields) that do not change what the loaded model computes.
+# Training-only settings (besides LeRobot's runtime fields, which every importer ignores) that do not change
+# what the loaded model computes.
 _IGNORED = (
-    *RUNTIME_FIELDS,
     "drop_n_last_frames",
     "gradient_checkpointing",
     "compile_model",
@@ -150,16 +147,11 @@ def convert_config(config: dict[str, Any], where: Path) -> tuple[dict[str, Any],
 
     Raises `PretrainedError` naming the first field that cannot be mapped.
     """
-    check_fields(config, (*_COPIED, *_HANDLED, *_IGNORED), _COPIED, where)
-    features = read_features(config, where)
+    features = read_config_features(config, (*_HANDLED, *_IGNORED), _COPIED, where)
     _check_images(config, features, where)
-    section: dict[str, Any] = {"name": "diffusion", **{field: config[field] for field in _COPIED}}
-    # LeRobot samples with the scheduler it trains with; the ResNet's weights come from the checkpoint.
-    section["inference_scheduler"] = config["noise_scheduler_type"]
-    section["pretrained_backbone_weights"] = None
-    section["normalization_mapping"] = normalization_mapping(
-        config, {f.kind for f in features.values()}, where
-    )
+    # LeRobot samples with the scheduler it trains with.
+    scheduler = config["noise_scheduler_type"]
+    section = policy_section("diffusion", config, _COPIED, features, where, inference_scheduler=scheduler)
     return section, features
 
 
@@ -219,28 +211,25 @@ def conditioning_order(policy: nn.Module) -> torch.Tensor | None:
 
 def read_spec(directory: Path, config: dict[str, Any]) -> PretrainedSpec:
     """The spec of a LeRobot diffusion `pretrained_model` directory, from its `config.json` content `config`."""
-    policy, features = convert_config(config, directory / CONFIG_JSON)
-    return PretrainedSpec(directory, SOURCE, policy, features, None)
+    return lerobot_spec(directory, config, convert_config, SOURCE)
 
 
 def load_weights(spec: PretrainedSpec, policy_cfg: PolicyConfig) -> nn.Module:
     """This project's policy of `policy_cfg` (converted from the LeRobot config of `spec`) with the LeRobot
-    weights and normalization statistics of its directory."""
-    directory = spec.path
-    if policy_cfg.name != "diffusion":
-        raise PretrainedError(
-            f"{directory} is a LeRobot diffusion checkpoint; policy {policy_cfg.name!r} cannot load it"
-        )
-    policy = make_normalized_policy(directory, policy_cfg)
-    weights = directory / MODEL_FILE
-    lerobot_state = read_weights(weights)
-    own = policy.state_dict()
+    weights, renamed and reshaped (`convert_weights`), and normalization statistics of its directory."""
+    return load_lerobot_policy(spec, policy_cfg, "diffusion", "diffusion", convert_weights)
+
+
+def convert_weights(
+    lerobot_state: dict[str, torch.Tensor], policy: nn.Module, where: Path
+) -> dict[str, torch.Tensor]:
+    """LeRobot's weights (read from `where`) on this `policy`'s names and shapes (`convert_state_dict`), the
+    input columns of its FiLM layers in this project's conditioning order (`conditioning_order`)."""
     grid = policy.rgb_encoder.pool.grid if policy.image_keys else None
-    state = convert_state_dict(lerobot_state, own, grid, weights)
+    state = convert_state_dict(lerobot_state, policy.state_dict(), grid, where)
     order = conditioning_order(policy)
     if order is not None:
         for name in [k for k in state if _FILM_WEIGHT.search(k)]:
             if state[name].shape[-1] == order.numel():  # a wrong width is reported by the load below
                 state[name] = state[name][:, order]
-    load_state_checked(policy, with_own_normalization(state, policy), weights)
-    return policy
+    return state

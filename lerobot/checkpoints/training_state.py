@@ -73,7 +73,7 @@ def safe_load_state(path: Path, damaged_hint: str) -> dict[str, Any]:
 
 def _plain_numpy_state(state: Any) -> Any:
     """numpy's random state as `np.random.get_state()` returns it (a tuple holding an array) -> the plain
-    layout of `lerobot.distributed.get_rng_state`; any other value is returned unchanged."""
+    layout of `lerobot.random_state.get_rng_state`; any other value is returned unchanged."""
     if not (isinstance(state, tuple) and len(state) == 5 and isinstance(state[1], np.ndarray)):
         return state
     name, key, pos, has_gauss, gauss = state

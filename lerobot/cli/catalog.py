@@ -27,7 +27,7 @@ from lerobot.policy_registry import available_policies, policy_config_class
 TRAINING_MODES = {"offline": "learns from demonstrations", "online": "learns online", "none": "baseline"}
 
 # The settings a newcomer reaches for first, with one line each; the defaults shown are read from
-# `RootConfig` (every field has its full comment in lerobot/config.py).
+# `RootConfig` (every field has its full comment in lerobot/config/schema.py).
 TRAIN_SETTINGS = (
     ("recipe", "auto | cpu | paper: on a CPU the CPU recipe of the policy and env, else the paper's model"),
     ("device", "auto | cpu | cuda | cuda:N | mps"),
@@ -222,7 +222,7 @@ def info_text(cfg: DictConfig, dirs: Sequence[Path], source: str, output: str) -
         f"device: {cfg.device}"
         + (f" ({distributed.auto_device()} here)" if cfg.device == "auto" else "")
         + f"; {output}",
-        "every default: lerobot/config.py (RootConfig) and the policy's configuration class; "
+        "every default: lerobot/config/schema.py (RootConfig) and the policy's configuration class; "
         "--cfg job prints the resolved config",
     ]
     return "\n".join(lines)

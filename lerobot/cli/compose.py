@@ -23,7 +23,12 @@ from lerobot.checkpoints.run import load_config
 from lerobot.cli.recipes import EXPERIMENT_GROUP, RecipeChoice, choose_recipe
 from lerobot.config import CONFIG_DIR, RootConfig, old_inference_keys_error
 from lerobot.errors import ConfigError
-from lerobot.policy_registry import available_policies, policy_config_class, validate_run_config
+from lerobot.policy_registry import (
+    available_policies,
+    current_policy_name,
+    policy_config_class,
+    validate_run_config,
+)
 
 log = logging.getLogger(__name__)
 
@@ -128,11 +133,13 @@ def _refuse_old_inference_overrides(overrides: Sequence[str]) -> None:
 
 
 def hydra_overrides(overrides: Sequence[str], search_path: Sequence[str | Path]) -> list[str]:
-    """The overrides Hydra composes with: `overrides`, where a policy variant from a config directory is
-    chosen with its `policy.*` settings added as well as replaced (`++policy.KEY=...`: a variant's YAML holds
-    only the keys it changes, and validation checks every key against the policy's dataclass afterwards),
-    plus the search path of `search_path` (checked: each must be a config directory)."""
+    """The overrides Hydra composes with: `overrides`, where a renamed policy's former name is its name now
+    (`policy=scripted` is `policy=pusht_scripted`) and a policy variant from a config directory is chosen
+    with its `policy.*` settings added as well as replaced (`++policy.KEY=...`: a variant's YAML holds only
+    the keys it changes, and validation checks every key against the policy's dataclass afterwards), plus
+    the search path of `search_path` (checked: each must be a config directory)."""
     check_config_dirs(search_path)
+    overrides = [_current_policy_names(o) for o in overrides]
     dirs = [CONFIG_DIR, *(Path(d) for d in search_path)]
     chosen = [o.partition("=")[2] for o in overrides if o.lstrip("+").partition("=")[0] == "policy"]
     names = {name.strip() for value in chosen for name in value.split(",")}
@@ -143,6 +150,15 @@ def hydra_overrides(overrides: Sequence[str], search_path: Sequence[str | Path])
     if variant:
         overrides = [f"++{o}" if o.startswith("policy.") else o for o in overrides]
     return [*overrides, *search_path_override(search_path)]
+
+
+def _current_policy_names(override: str) -> str:
+    """`override` with each policy that `policy=` names (a sweep's comma list too) by its name now
+    (`lerobot.policy_registry.current_policy_name`)."""
+    key, equals, value = override.partition("=")
+    if key.lstrip("+") != "policy" or not equals:
+        return override
+    return f"{key}={','.join(current_policy_name(name.strip()) for name in value.split(','))}"
 
 
 def check_config_dirs(search_path: Sequence[str | Path]) -> None:

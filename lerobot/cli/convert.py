@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from lerobot.checkpoints.run import MODEL_FILE, list_checkpoints
+from lerobot.checkpoints.run_layout import MODEL_FILE, list_checkpoints
 from lerobot.checkpoints.training_state import TRAINING_STATE_FILE, convert_training_state
 from lerobot.cli.exit import run_command
 from lerobot.errors import CheckpointError, ChecksumError

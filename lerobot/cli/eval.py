@@ -20,7 +20,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from lerobot import distributed
+from lerobot import distributed, random_state
 from lerobot.checkpoints import Source, checkpoint_record, load_for_run, locate, read_spec
 from lerobot.checkpoints.run import load_config
 from lerobot.cli.catalog import (
@@ -113,7 +113,8 @@ def _default_output_dir(env_name: str, policy_name: str) -> Path:
 
 DESCRIPTION = """\
 Evaluate a checkpoint (a run, checkpoint or hub-layout directory) or a baseline policy (policy=random,
-policy=scripted) over eval.n_episodes episodes; every setting is a Hydra override (KEY=VALUE, env=NAME)."""
+policy=pusht_scripted) over eval.n_episodes episodes; every setting is a Hydra override (KEY=VALUE,
+env=NAME)."""
 EXAMPLES = (
     "python scripts/eval.py --checkpoint outputs/train/<run> eval.n_episodes=500 eval.batch_size=50",
     "python scripts/eval.py policy=random env=pusht eval.n_episodes=10 eval.batch_size=5",
@@ -233,7 +234,7 @@ def _evaluate(args: argparse.Namespace, out_dir: Path | None) -> int:
     else:
         device = distributed.init(distributed.resolve_device(cfg.device))
         policy = make_policy(policy_config(cfg)).to(device)
-    distributed.set_seed(cfg.seed)
+    random_state.set_seed(cfg.seed)
     env_cfg = env_config(cfg)
     if out_dir is None:  # one name for all processes
         out_dir = distributed.on_main(lambda: _default_output_dir(env_cfg.name, cfg.policy.name))

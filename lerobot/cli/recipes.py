@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from lerobot import distributed
 from lerobot.config import RECIPES
 from lerobot.errors import ConfigError
-from lerobot.training.update import LOWER_STEPS
+from lerobot.training.pace import LOWER_STEPS
 
 # The override that forces the policy's defaults (the paper-size model), named in every start-up line.
 PAPER_OVERRIDE = "recipe=paper"
@@ -115,7 +115,7 @@ def gpu_recipe(policy: str, env: str, dirs: Sequence[Path]) -> str | None:
 
 def slow_cpu_run_advice(cfg: DictConfig, dirs: Sequence[Path]) -> str:
     """What would be faster than the run of `cfg` on a CPU that would take hours (the end of
-    `lerobot.training.update.cpu_run_warning`): the GPU recipe of its policy and env and, unless it trains
+    `lerobot.training.pace.cpu_run_warning`): the GPU recipe of its policy and env and, unless it trains
     the CPU recipe already, that recipe, each where one exists in `dirs`; and fewer steps."""
     policy, env = str(cfg.policy.name), str(cfg.env.name)
     gpu, cpu = gpu_recipe(policy, env, dirs), cpu_recipe(policy, env, dirs)

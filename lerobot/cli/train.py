@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from lerobot import distributed
-from lerobot.checkpoints.run import latest_checkpoint
+from lerobot.checkpoints.run_layout import latest_checkpoint
 from lerobot.cli.catalog import (
     HYDRA_HELP,
     TRAIN_SETTINGS,

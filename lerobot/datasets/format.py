@@ -30,10 +30,10 @@ from typing import Any
 import numpy as np
 import torch
 from safetensors import SafetensorError
-from safetensors.numpy import load_file
+from safetensors.numpy import load_file, save_file
 
 from lerobot.errors import DatasetError, DatasetNotFoundError
-from lerobot.runtime.files import NO_SPACE_ERRNOS
+from lerobot.runtime.files import NO_SPACE_ERRNOS, write_json
 
 log = logging.getLogger(__name__)
 
@@ -258,4 +258,47 @@ def stats_to_tensors(stats: dict[str, np.ndarray], image: bool) -> dict[str, tor
     return out
 
 
-# ---------------------------------------------------------------- installing a conversion (any importer)
+# ---------------------------------------------------------------- writing a conversion (any importer)
+
+
+def combine_episode_stats(
+    per_episode: dict[str, list[dict[str, np.ndarray]]], num_episodes: int
+) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, dict[str, np.ndarray]]]:
+    """`(stacked, combined)` statistics of a conversion from each feature's `num_episodes` per-episode
+    `sufficient_stats`: stacked along an episode axis (`stack_episode_stats`), and combined over every episode
+    (`combine_stats`)."""
+    stacked = {key: stack_episode_stats(episodes) for key, episodes in per_episode.items()}
+    everything = np.arange(num_episodes)
+    return stacked, {key: combine_stats(st, everything) for key, st in stacked.items()}
+
+
+def write_stats(
+    out: Path, stacked: dict[str, dict[str, np.ndarray]], combined: dict[str, dict[str, np.ndarray]]
+) -> None:
+    """Write a conversion's `episode_stats.safetensors` (the `stacked` per-episode sums) and `stats.json` (the
+    `combined` statistics, for people to read) into `out`."""
+    save_file(
+        {f"{key}/{name}": a for key, st in stacked.items() for name, a in st.items()},
+        out / EPISODE_STATS_FILE,
+    )
+    readable = {key: {name: v.tolist() for name, v in st.items()} for key, st in combined.items()}
+    write_json(out / STATS_FILE, readable, indent=1, fsync=True)
+
+
+def write_meta(
+    out: Path, name: str, fps: int, ends: np.ndarray, features: dict[str, Any], **more: Any
+) -> None:
+    """Write a conversion's `meta.json`, last (a directory with one is complete): the format version, `name`,
+    `fps`, the frame and episode counts, the episodes' (exclusive) `ends`, the `features`, then `more` (the
+    source, notes)."""
+    meta = {
+        "format_version": FORMAT_VERSION,
+        "name": name,
+        "fps": fps,
+        "num_frames": int(ends[-1]),
+        "num_episodes": len(ends),
+        "episode_ends": ends.tolist(),
+        "features": features,
+        **more,
+    }
+    write_json(out / META_FILE, meta, indent=1, fsync=True)

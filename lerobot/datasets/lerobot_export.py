@@ -215,24 +215,12 @@ def export_lerobot_dataset(
         raise DatasetExistsError(exists)
     fps, ends = int(meta["fps"]), np.asarray(meta["episode_ends"], dtype=np.int64)
     starts = np.concatenate([[0], ends[:-1]])
-    num_episodes, num_frames = len(ends), int(ends[-1])
-    episode_tasks = [task] * num_episodes if isinstance(task, str) else list(task)
-    if len(episode_tasks) != num_episodes:
-        raise DatasetError(f"{len(episode_tasks)} task strings for {num_episodes} episodes")
-    tasks = list(dict.fromkeys(episode_tasks))  # the tasks table, in order of first appearance
-    episode_task_index = np.array([tasks.index(t) for t in episode_tasks], dtype=np.int64)
-    frame_task_index = np.repeat(episode_task_index, ends - starts)
+    num_episodes = len(ends)
+    episode_tasks, tasks, frame_task_index = _task_indices(task, starts, ends)
     per_file = episodes_per_file or num_episodes
     if per_file < 1:
         raise DatasetError(f"episodes_per_file={episodes_per_file} must be >= 1")
-    features = {k: v for k, v in meta["features"].items() if k not in BOOKKEEPING_KEYS}
-    video_keys = [k for k, v in features.items() if v.get("kind") == VISUAL]
-    numeric_keys = [k for k in features if k not in video_keys]
-    for key in numeric_keys:
-        if len(features[key]["shape"]) > 1:
-            raise DatasetError(
-                f"{src}: feature {key!r} has shape {features[key]['shape']}; only scalars and vectors export"
-            )
+    features, video_keys, numeric_keys = _exported_features(src, meta)
     arrays = {k: np.load(feature_file(src, k), mmap_mode="r") for k in [*features, *BOOKKEEPING_KEYS]}
     episode_stats = load_episode_stats(src)
     file_of = np.arange(num_episodes) // per_file
@@ -242,48 +230,118 @@ def export_lerobot_dataset(
         tmp = writing.path
         _write_data(tmp, arrays, numeric_keys, features, starts, ends, file_of, frame_task_index)
         for key in video_keys:
-            for f in range(int(file_of[-1]) + 1):
-                path = tmp / VIDEO_PATH.format(
-                    video_key=key, chunk_index=f // CHUNKS_SIZE, file_index=f % CHUNKS_SIZE
-                )
-                path.parent.mkdir(parents=True, exist_ok=True)
-                eps = np.flatnonzero(file_of == f)
-                encode_video(path, (arrays[key][starts[e] : ends[e]] for e in eps), fps, encoding)
+            _write_videos(tmp, key, arrays[key], starts, ends, file_of, fps, encoding)
         stats_of = {
             k: {n: episode_stats[f"{k}/{n}"] for n in ("count", "sum", "sumsq", "min", "max")}
             for k in features
         }
         _write_episodes(tmp, episode_tasks, features, video_keys, stats_of, starts, ends, file_of, fps)
-        total = {
-            k: _lerobot_stats(combine_stats(st, np.arange(num_episodes)), num_frames, k in video_keys)
-            for k, st in stats_of.items()
-        }
-        for key, values in _bookkeeping_columns(arrays, ends, frame_task_index).items():
-            total[key] = _lerobot_stats(_plain_stats(values), num_frames, image=False)
         (tmp / "meta").mkdir(exist_ok=True)
+        total = _total_stats(stats_of, video_keys, arrays, ends, frame_task_index)
         write_json(tmp / STATS_PATH, total, indent=1, fsync=True)
         pq.write_table(_tasks_table(tasks), tmp / TASKS_PATH)
-        info = {
-            "codebase_version": V30,
-            "robot_type": None,
-            "total_episodes": num_episodes,
-            "total_frames": num_frames,
-            "total_tasks": len(tasks),
-            "chunks_size": CHUNKS_SIZE,
-            "data_files_size_in_mb": DATA_FILES_SIZE_IN_MB,
-            "video_files_size_in_mb": VIDEO_FILES_SIZE_IN_MB,
-            "fps": fps,
-            "splits": {"train": f"0:{num_episodes}"},
-            "data_path": DATA_PATH,
-            "video_path": VIDEO_PATH if video_keys else None,
-            "features": _info_features(features, video_keys, fps, encoding),
-        }
+        info = _info(num_episodes, int(ends[-1]), len(tasks), fps, features, video_keys, encoding)
         write_json(tmp / INFO_PATH, info, indent=1, fsync=True)
         try:
             writing.install(replace=overwrite)
         except FileExistsError:  # another writer made `out_dir` meanwhile
             raise DatasetExistsError(exists) from None
     return out_dir
+
+
+def _task_indices(
+    task: str | list[str], starts: np.ndarray, ends: np.ndarray
+) -> tuple[list[str], list[str], np.ndarray]:
+    """`(the task of each episode, the tasks table, the task_index of each frame)` for `task`, one string for
+    every episode or one per episode; the table lists the tasks in order of first appearance."""
+    num_episodes = len(ends)
+    episode_tasks = [task] * num_episodes if isinstance(task, str) else list(task)
+    if len(episode_tasks) != num_episodes:
+        raise DatasetError(f"{len(episode_tasks)} task strings for {num_episodes} episodes")
+    tasks = list(dict.fromkeys(episode_tasks))
+    episode_task_index = np.array([tasks.index(t) for t in episode_tasks], dtype=np.int64)
+    return episode_tasks, tasks, np.repeat(episode_task_index, ends - starts)
+
+
+def _exported_features(src: Path, meta: dict[str, Any]) -> tuple[dict[str, Any], list[str], list[str]]:
+    """`(features, video keys, numeric keys)` of the converted dataset at `src` (bookkeeping left out): the
+    visual features become videos, the others parquet columns, which hold scalars and vectors only."""
+    features = {k: v for k, v in meta["features"].items() if k not in BOOKKEEPING_KEYS}
+    video_keys = [k for k, v in features.items() if v.get("kind") == VISUAL]
+    numeric_keys = [k for k in features if k not in video_keys]
+    for key in numeric_keys:
+        if len(features[key]["shape"]) > 1:
+            raise DatasetError(
+                f"{src}: feature {key!r} has shape {features[key]['shape']}; only scalars and vectors export"
+            )
+    return features, video_keys, numeric_keys
+
+
+def _write_videos(
+    out: Path,
+    key: str,
+    frames: np.ndarray,
+    starts: np.ndarray,
+    ends: np.ndarray,
+    file_of: np.ndarray,
+    fps: int,
+    encoding: VideoEncoding,
+) -> None:
+    """One mp4 of video feature `key` per group of episodes (`file_of`), their `frames` back to back."""
+    for f in range(int(file_of[-1]) + 1):
+        path = out / VIDEO_PATH.format(
+            video_key=key, chunk_index=f // CHUNKS_SIZE, file_index=f % CHUNKS_SIZE
+        )
+        path.parent.mkdir(parents=True, exist_ok=True)
+        eps = np.flatnonzero(file_of == f)
+        encode_video(path, (frames[starts[e] : ends[e]] for e in eps), fps, encoding)
+
+
+def _total_stats(
+    stats_of: dict[str, dict[str, np.ndarray]],
+    video_keys: list[str],
+    arrays: dict[str, np.ndarray],
+    ends: np.ndarray,
+    task_index: np.ndarray,
+) -> dict[str, dict[str, Any]]:
+    """`meta/stats.json`: each feature's statistics over every episode (from the per-episode sums
+    `stats_of`), then those of LeRobot's bookkeeping columns."""
+    num_frames = int(ends[-1])
+    everything = np.arange(len(ends))
+    total = {
+        k: _lerobot_stats(combine_stats(st, everything), num_frames, k in video_keys)
+        for k, st in stats_of.items()
+    }
+    for key, values in _bookkeeping_columns(arrays, ends, task_index).items():
+        total[key] = _lerobot_stats(_plain_stats(values), num_frames, image=False)
+    return total
+
+
+def _info(
+    num_episodes: int,
+    num_frames: int,
+    num_tasks: int,
+    fps: int,
+    features: dict[str, Any],
+    video_keys: list[str],
+    encoding: VideoEncoding,
+) -> dict[str, Any]:
+    """`meta/info.json`: the dataset's sizes, LeRobot's file layout and the features."""
+    return {
+        "codebase_version": V30,
+        "robot_type": None,
+        "total_episodes": num_episodes,
+        "total_frames": num_frames,
+        "total_tasks": num_tasks,
+        "chunks_size": CHUNKS_SIZE,
+        "data_files_size_in_mb": DATA_FILES_SIZE_IN_MB,
+        "video_files_size_in_mb": VIDEO_FILES_SIZE_IN_MB,
+        "fps": fps,
+        "splits": {"train": f"0:{num_episodes}"},
+        "data_path": DATA_PATH,
+        "video_path": VIDEO_PATH if video_keys else None,
+        "features": _info_features(features, video_keys, fps, encoding),
+    }
 
 
 def _plain_stats(values: np.ndarray) -> dict[str, np.ndarray]:

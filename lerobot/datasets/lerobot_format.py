@@ -19,7 +19,7 @@ v2.1 (one parquet file and one mp4 per episode; frame of row r at `timestamp[r]`
 Camera features are stored either as videos (`dtype: video`) or, as LeRobot records them with
 `use_videos=False`, as images in the parquet rows (`dtype: image`: a `{bytes, path}` struct per row holding
 a PNG, what Hugging Face `datasets` writes for its `Image` feature). Both decode to the same (3, H, W) uint8
-frames.
+frames (`lerobot.datasets.lerobot_frames` decodes them).
 
 Everything malformed is a `DatasetError` (or `DatasetNotFoundError`) of one line naming the file and the
 problem. Video frames are matched to the timestamps rows ask for within `TOLERANCE_S`, as LeRobot's
@@ -32,7 +32,6 @@ which names a file of the conversion, holds no `/`.
 
 from __future__ import annotations
 
-import io
 import json
 import string
 from collections.abc import Iterator
@@ -417,6 +416,33 @@ def _v21_stats(root: Path, info: dict[str, Any]) -> dict[str, dict[str, np.ndarr
     return combined
 
 
+def read_task_table(source: LeRobotSource) -> list[str] | None:
+    """LeRobot's task table: the task string of each `task_index` 0..T-1 (v3.0 `meta/tasks.parquet`, v2.1
+    `meta/tasks.jsonl`), or None for a dataset without one.
+
+    Raises:
+        DatasetError: the table does not number its tasks 0..T-1 once each.
+    """
+    if source.version == V30:
+        path = source.root / TASKS_PATH
+        if not path.is_file():
+            return None
+        table = read_parquet(path, ["task_index", "task"]).to_pydict()
+        rows = list(zip(table["task_index"], table["task"]))
+    else:
+        path = source.root / LEGACY_TASKS_PATH
+        if not path.is_file():
+            return None
+        rows = [(row.get("task_index"), row.get("task")) for row in _load_jsonl(path)]
+    if sorted(index for index, _ in rows if isinstance(index, int)) != list(range(len(rows))) or not all(
+        isinstance(task, str) for _, task in rows
+    ):
+        raise DatasetError(
+            f"{path}: expected task_index 0..{len(rows) - 1} once each, each with a task string"
+        )
+    return [task for _, task in sorted(rows)]
+
+
 def iter_episode_tables(source: LeRobotSource, columns: list[str]) -> Iterator[tuple[EpisodeRef, pa.Table]]:
     """Yield (episode, its rows with `columns`) in episode order, reading each parquet file once.
 
@@ -445,125 +471,3 @@ def iter_episode_tables(source: LeRobotSource, columns: list[str]) -> Iterator[t
     while next_index in pending:
         yield pending.pop(next_index)
         next_index += 1
-
-
-def decode_images_into(
-    table: pa.Table, key: str, out: np.ndarray, rows: np.ndarray, path: Path, episode: int
-) -> None:
-    """Decode the images of column `key` of one episode's rows `table` (from parquet file `path`) into
-    `out[rows]`.
-
-    Args:
-        table: the episode's rows, in frame order; column `key` holds LeRobot's image structs `{bytes, path}`
-            (PNG bytes).
-        key: the camera feature.
-        out: (N, 3, H, W) uint8 destination (an `np.memmap` works).
-        rows: (len(table),) destination index in `out` of each row.
-        path: the parquet file, and `episode` the episode's index: for the error messages.
-
-    The pixels are the decoded RGB values as they are (no conversion), as LeRobot's loader returns them
-    (scaled to [0, 1] there).
-
-    Raises:
-        DatasetError: the column is not an image struct, a row has no embedded bytes, or an image does not
-            decode, is not RGB or has another size than info.json says.
-    """
-    from PIL import Image, UnidentifiedImageError  # imported here: only importing a LeRobotDataset decodes
-
-    column = table.column(key).combine_chunks()
-    if not pa.types.is_struct(column.type) or column.type.get_field_index("bytes") < 0:
-        raise DatasetError(
-            f"{path}: column {key!r} is {column.type}, not an image struct {{bytes, path}} as info.json's "
-            "dtype 'image' says"
-        )
-    blobs = column.field("bytes")
-    height, width = out.shape[2:]
-    for frame, row in enumerate(rows):
-        where = f"{path}: episode {episode} frame {frame}: {key!r}"
-        blob = blobs[frame].as_py() if column[frame].is_valid else None
-        if blob is None:
-            stored = column[frame]["path"].as_py() if column[frame].is_valid else None
-            raise DatasetError(
-                f"{where} holds no image bytes (path {stored!r}); only images embedded in the parquet files "
-                "are read (LeRobot embeds them when it saves an episode)"
-            )
-        try:
-            with Image.open(io.BytesIO(blob)) as image:
-                image.load()
-                mode, size = image.mode, image.size
-                pixels = np.asarray(image) if mode == "RGB" and size == (width, height) else None
-        except (UnidentifiedImageError, OSError, ValueError) as e:
-            raise DatasetError(f"{where} does not decode as an image ({e})") from None
-        if pixels is None:
-            raise DatasetError(
-                f"{where} is a {size[1]}x{size[0]} {mode} image, info.json says {height}x{width} RGB"
-            )
-        out[row] = pixels.transpose(2, 0, 1)
-
-
-def decode_video_into(
-    path: Path, timestamps: np.ndarray, out: np.ndarray, rows: np.ndarray, tolerance_s: float = TOLERANCE_S
-) -> None:
-    """Decode the mp4 at `path` front to back once and store the frame of each requested timestamp.
-
-    Args:
-        path: the video file.
-        timestamps: (n,) seconds into the video, e.g. `from_timestamp + timestamp` of n parquet rows.
-        out: (N, 3, H, W) uint8 destination (an `np.memmap` works).
-        rows: (n,) destination index in `out` of each timestamp.
-        tolerance_s: a frame is the one shown at `t` if its presentation time lies within this of `t`.
-
-    Raises:
-        DatasetError: the file is missing or does not decode, frames have another size, or no frame lies
-            within `tolerance_s` of a requested timestamp (named, with the nearest frames around it).
-    """
-    import av  # imported here: only importing a LeRobotDataset decodes video
-    from av.video.reformatter import VideoReformatter
-
-    if not path.is_file():
-        raise DatasetError(
-            f"{path}: missing video; the LeRobotDataset is incomplete (copy or download it again)"
-        )
-    order = np.argsort(timestamps, kind="stable")
-    wanted, targets = np.asarray(timestamps, dtype=np.float64)[order], np.asarray(rows)[order]
-    height, width = out.shape[2:]
-    j, previous = 0, None
-    # One reformatter for the whole file keeps its conversion context instead of building one per frame
-    # (`to_ndarray(format=)`), with identical pixels.
-    to_rgb = VideoReformatter()
-    try:
-        with av.open(str(path)) as container:
-            stream = container.streams.video[0]
-            stream.thread_type = "AUTO"
-            for frame in container.decode(stream):
-                if frame.pts is None:
-                    continue
-                t = float(frame.pts * stream.time_base)
-                if j < len(wanted) and wanted[j] < t - tolerance_s:
-                    raise DatasetError(_missing_frame(path, wanted[j], previous, t, tolerance_s))
-                if j < len(wanted) and abs(wanted[j] - t) <= tolerance_s:
-                    if (frame.height, frame.width) != (height, width):
-                        raise DatasetError(
-                            f"{path}: frames are {frame.height}x{frame.width}, info.json says {height}x{width}"
-                        )
-                    image = to_rgb.reformat(frame, format="rgb24").to_ndarray()  # (H, W, 3)
-                    while j < len(wanted) and abs(wanted[j] - t) <= tolerance_s:
-                        out[targets[j]] = image.transpose(2, 0, 1)
-                        j += 1
-                previous = t
-                if j == len(wanted):
-                    break
-    except (av.error.FFmpegError, IndexError) as e:
-        raise DatasetError(f"{path}: video does not decode ({type(e).__name__}: {e})") from None
-    if j < len(wanted):
-        raise DatasetError(_missing_frame(path, wanted[j], previous, None, tolerance_s))
-
-
-def _missing_frame(
-    path: Path, t: float, before: float | None, after: float | None, tolerance_s: float
-) -> str:
-    around = ", ".join(f"{x:.4f} s" for x in (before, after) if x is not None) or "none"
-    return (
-        f"{path}: no frame within {tolerance_s:g} s of timestamp {t:.4f} s (nearest frames: {around}); "
-        "the parquet timestamps and the video disagree (re-encode the video or fix meta/episodes)"
-    )

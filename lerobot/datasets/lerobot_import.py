@@ -5,16 +5,8 @@ converts it once into `<cache>/lerobot_datasets/<repo_id>/v1/` (the memory-mappe
 `lerobot.datasets.format`, as the PushT zarr importer does) and returns that directory. Training then reads
 numpy arrays: no video is decoded while training. The repo id names directories, so it must be a hub id
 `<owner>/<name>` (`lerobot.config.check_repo_id`), and every directory derived from it lies under its root
-(`repo_dir`): no id can make the conversion replace a directory elsewhere.
-
-Where the LeRobotDataset comes from (first match wins):
-
-1. `dataset.root`: the dataset directory itself (holds `meta/info.json`). Set but without it is an error.
-2. `$HF_LEROBOT_HOME/<repo_id>` (default `~/.cache/huggingface/lerobot/<repo_id>`): where LeRobot keeps
-   datasets it records or that are put there by hand.
-3. The huggingface_hub cache: `snapshot_download(repo_id, repo_type="dataset", revision=dataset.revision)`,
-   first offline, then downloading. Offline with nothing cached is one `DatasetNotFoundError` line naming
-   the repo and the directory to put it in.
+(`repo_dir`): no id can make the conversion replace a directory elsewhere. Where the LeRobotDataset comes
+from (`dataset.root`, LeRobot's home, the hub): `lerobot.datasets.lerobot_hub`.
 
 Conversion, per episode: the parquet rows give the numeric features; the frame of each row is decoded from
 the mp4 at `from_timestamp + timestamp` (v2.1: `timestamp`) within LeRobot's `tolerance_s` = 1e-4 s, or,
@@ -35,58 +27,50 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from safetensors.numpy import save_file
+import pyarrow as pa
 
-from lerobot.config import DatasetConfig, check_repo_id
+from lerobot.config import DatasetConfig
 from lerobot.constants import ACTION, ACTION_KIND, ENV_STATE, OBS_ENV_STATE, OBS_STATE, STATE, VISUAL
+from lerobot.datasets.cache import default_cache_dir
 from lerobot.datasets.conversion import write_conversion
 from lerobot.datasets.format import (
     EPISODE_INDEX,
-    EPISODE_STATS_FILE,
     FORMAT_VERSION,
     FRAME_INDEX,
-    META_FILE,
-    STATS_FILE,
     TIMESTAMP,
-    combine_stats,
+    combine_episode_stats,
     feature_file,
     open_preallocated_memmap,
-    stack_episode_stats,
     sufficient_stats,
     uint8_channel_stats,
+    write_meta,
+    write_stats,
 )
 from lerobot.datasets.lerobot_format import (
-    INFO_PATH,
     LEGACY_EPISODES_STATS_PATH,
-    LEGACY_TASKS_PATH,
     STATS_PATH,
-    TASKS_PATH,
     TOLERANCE_S,
     V30,
+    EpisodeRef,
     LeRobotSource,
-    _load_jsonl,
     column_to_numpy,
-    decode_images_into,
-    decode_video_into,
     iter_episode_tables,
     open_lerobot_dataset,
-    read_parquet,
+    read_task_table,
 )
-from lerobot.datasets.pusht_import import default_cache_dir
-from lerobot.errors import ConfigError, DatasetError, DatasetNotFoundError
-from lerobot.runtime.files import path_within, write_json
+from lerobot.datasets.lerobot_frames import decode_images_into, decode_video_into, resizing
+from lerobot.datasets.lerobot_hub import find_lerobot_source, repo_dir
+from lerobot.errors import ConfigError, DatasetError
 
 log = logging.getLogger(__name__)
 
 LEROBOT_FORMAT = "lerobot"
-# The hub revision LeRobot 0.4-0.6 loads (datasets are tagged with their codebase version).
-DEFAULT_REVISION = "v3.0"
 CONVERTED_NAME = f"v{FORMAT_VERSION}"
 # Part of the fingerprint: bumped when the conversion's output changes, so existing imports are rebuilt.
 # 2: meta.json holds the task table and each episode's tasks.
@@ -95,85 +79,6 @@ CONVERTER_REVISION = 2
 LEROBOT_TASK_INDEX = "task_index"
 # Batch-key kinds of LeRobot's standard feature names (`observation.images.*` and videos are visual).
 KINDS = {OBS_STATE: STATE, OBS_ENV_STATE: ENV_STATE, ACTION: ACTION_KIND}
-
-
-def lerobot_home() -> Path:
-    """LeRobot's local dataset directory: `$HF_LEROBOT_HOME`, else `$HF_HOME/lerobot` (`~/.cache/huggingface/lerobot`)."""
-    if os.environ.get("HF_LEROBOT_HOME"):
-        return Path(os.environ["HF_LEROBOT_HOME"]).expanduser()
-    from huggingface_hub import constants
-
-    return Path(constants.HF_HOME) / "lerobot"
-
-
-def find_lerobot_source(dataset_cfg: DatasetConfig) -> Path:
-    """The directory of the LeRobotDataset `dataset_cfg` names (see the module docstring for the order).
-
-    Raises:
-        ConfigError: neither `dataset.root` nor `dataset.repo_id` is set, or the repo id is no hub id.
-        DatasetNotFoundError: `dataset.root` holds no dataset, or it is neither local nor downloadable.
-    """
-    if dataset_cfg.root:
-        root = Path(dataset_cfg.root).expanduser()
-        if (root / INFO_PATH).is_file():
-            return root
-        if not root.exists():
-            raise DatasetNotFoundError(
-                f"dataset.root={dataset_cfg.root}: no such directory; point dataset.root at a LeRobotDataset, or "
-                "record one first (scripts/eval.py policy=<expert or checkpoint> env=<env> "
-                "eval.record_dataset=DIR; docs/metaworld.md records MetaWorld's experts)"
-            )
-        raise DatasetNotFoundError(
-            f"dataset.root={dataset_cfg.root}: no {INFO_PATH}; point dataset.root at the LeRobotDataset directory "
-            "(the one holding meta/, data/, videos/)"
-        )
-    repo_id = dataset_cfg.repo_id
-    if not repo_id:
-        raise ConfigError(
-            "dataset.format=lerobot needs dataset.repo_id (e.g. lerobot/pusht) or dataset.root=DIR"
-        )
-    local = repo_dir(lerobot_home(), repo_id)
-    if (local / INFO_PATH).is_file():
-        return local
-    return _hub_snapshot(repo_id, dataset_cfg.revision or DEFAULT_REVISION, local)
-
-
-def repo_dir(root: Path, repo_id: str) -> Path:
-    """`root/<repo_id>`, the directory of dataset `repo_id` under `root` (LeRobot's home, the conversions'
-    cache); a repo id that is no hub id `<owner>/<name>` is a `ConfigError` (`check_repo_id`).
-
-    Raises:
-        ConfigError: the repo id is malformed, or the directory would not lie inside `root`.
-    """
-    check_repo_id(repo_id)
-    path = path_within(root, repo_id)
-    if path is None:  # checked apart from the id's rule: a path derived from a setting stays under its root
-        raise ConfigError(f"dataset.repo_id={repo_id!r} names a directory outside {root}; use <owner>/<name>")
-    return path
-
-
-def _hub_snapshot(repo_id: str, revision: str, local: Path) -> Path:
-    """The hub snapshot of `repo_id` at `revision`: from the huggingface_hub cache, else downloaded."""
-    from huggingface_hub import constants, snapshot_download
-
-    try:
-        return Path(snapshot_download(repo_id, repo_type="dataset", revision=revision, local_files_only=True))
-    except Exception:  # not cached (huggingface_hub raises several types for that)
-        pass
-    try:
-        path = Path(snapshot_download(repo_id, repo_type="dataset", revision=revision))
-    except Exception as e:  # offline, unknown repo or revision, HTTP errors: all mean "not available"
-        reason = (str(e).splitlines() or [""])[0].split(". ")[0][:200]
-        raise DatasetNotFoundError(
-            f"LeRobotDataset {repo_id} (revision {revision}) is not in the hub cache {constants.HF_HUB_CACHE} and "
-            f"could not be downloaded ({type(e).__name__}: {reason}); put the dataset directory at {local} "
-            "or set dataset.root=DIR to a directory holding meta/info.json"
-        ) from None
-    if not (path / INFO_PATH).is_file():
-        raise DatasetNotFoundError(
-            f"hub dataset {repo_id}@{revision}: no {INFO_PATH}; it is not a LeRobotDataset"
-        )
-    return path
 
 
 def image_size_of(dataset_cfg: DatasetConfig) -> tuple[int, int] | None:
@@ -288,51 +193,129 @@ def _write_converted(
     source: LeRobotSource, out: Path, fingerprint: str, name: str, image_size: tuple[int, int] | None = None
 ) -> None:
     """Write the numeric arrays, the decoded frames, the statistics and (last) `meta.json` into `out`."""
-    fps, numeric, videos, images = source.fps, source.numeric_keys, source.video_keys, source.image_keys
     lengths = np.array([ep.length for ep in source.episodes], dtype=np.int64)
     ends = np.cumsum(lengths)
     starts = ends - lengths
-    num_frames = int(ends[-1])
-    shapes = {k: _our_shape(source, k, image_size) for k in [*numeric, *videos, *images]}
+    keys = [*source.numeric_keys, *source.video_keys, *source.image_keys]
+    shapes = {k: _our_shape(source, k, image_size) for k in keys}
     tasks = read_task_table(source)
-    task_column = [LEROBOT_TASK_INDEX] if tasks is not None and LEROBOT_TASK_INDEX in source.features else []
-    episode_tasks: list[list[int]] = []
+    rows = _read_rows(source, out, shapes, starts, ends, tasks)
+    arrays = _save_numeric(source, out, rows.values)
+    episode_index = np.repeat(np.arange(len(lengths)), lengths).astype(np.int64)
+    np.save(feature_file(out, EPISODE_INDEX), episode_index)
+    np.save(feature_file(out, FRAME_INDEX), rows.frame_index)
+    np.save(feature_file(out, TIMESTAMP), rows.timestamps.astype(np.float32))
 
-    values: dict[str, list[np.ndarray]] = {k: [] for k in numeric}
-    timestamps = np.empty(num_frames, dtype=np.float64)
-    frame_index = np.empty(num_frames, dtype=np.int64)
-    # Cameras stored as images are decoded from the rows as they are read.
-    pixels_of = {
-        k: open_preallocated_memmap(feature_file(out, k), np.uint8, (num_frames, *shapes[k])) for k in images
-    }
+    per_episode = {k: [sufficient_stats(a[s:e]) for s, e in zip(starts, ends)] for k, a in arrays.items()}
+    per_episode.update(_camera_stats(source, out, rows, shapes, starts, ends))
+    stacked, combined = combine_episode_stats(per_episode, len(lengths))
+    _check_against_source_stats(source, combined, arrays)
+    write_stats(out, stacked, combined)
+
+    write_meta(
+        out,
+        name,
+        source.fps,
+        ends,
+        _features(source, shapes, arrays),
+        # LeRobot's task table (string of each task_index) and the task_index values of each episode.
+        **({"tasks": tasks, "episode_tasks": rows.episode_tasks} if rows.episode_tasks is not None else {}),
+        source={
+            "format": LEROBOT_FORMAT,
+            "path": str(source.root),
+            "codebase_version": source.version,
+            "fingerprint": fingerprint,
+        },
+    )
+
+
+@dataclass
+class _Rows:
+    """What the parquet rows of every episode give (`_read_rows`).
+
+    Attributes:
+        values: each numeric feature's (T, *shape) arrays, one per episode.
+        timestamps: (N,) float64 and `frame_index` (N,) int64: the rows' timing columns, over all frames.
+        pixels_of: each camera stored as images: its (N, 3, H, W) uint8 `.npy`, memory-mapped, decoded.
+        episode_tasks: the task_index values of each episode, None without a task table and column.
+    """
+
+    values: dict[str, list[np.ndarray]]
+    timestamps: np.ndarray
+    frame_index: np.ndarray
+    pixels_of: dict[str, np.ndarray]
+    episode_tasks: list[list[int]] | None
+
+
+def _read_rows(
+    source: LeRobotSource,
+    out: Path,
+    shapes: dict[str, tuple[int, ...]],
+    starts: np.ndarray,
+    ends: np.ndarray,
+    tasks: list[str] | None,
+) -> _Rows:
+    """Read every episode's parquet rows once: check their timing, collect the numeric columns and the tasks,
+    and decode the cameras stored as images into their `.npy` files in `out`."""
+    numeric, images = source.numeric_keys, source.image_keys
+    num_frames = int(ends[-1])
+    task_column = [LEROBOT_TASK_INDEX] if tasks is not None and LEROBOT_TASK_INDEX in source.features else []
+    rows = _Rows(
+        values={k: [] for k in numeric},
+        timestamps=np.empty(num_frames, dtype=np.float64),
+        frame_index=np.empty(num_frames, dtype=np.int64),
+        # Cameras stored as images are decoded from the rows as they are read.
+        pixels_of={
+            k: open_preallocated_memmap(feature_file(out, k), np.uint8, (num_frames, *shapes[k]))
+            for k in images
+        },
+        episode_tasks=[] if task_column else None,
+    )
     for ep, table in iter_episode_tables(
         source, [*numeric, *images, *task_column, "timestamp", "frame_index"]
     ):
         lo, hi = int(starts[ep.index]), int(ends[ep.index])
         path = ep.data_path
-        frames = column_to_numpy(table, "frame_index", (), path).astype(np.int64)
-        ts = column_to_numpy(table, "timestamp", (), path).astype(np.float64)
-        if not np.array_equal(frames, np.arange(ep.length)):
-            raise DatasetError(f"{path}: episode {ep.index}: frame_index is not 0..{ep.length - 1} in order")
-        off = np.abs(ts - frames / fps)
-        if off.max(initial=0.0) > TOLERANCE_S:
-            bad = int(np.argmax(off))
-            raise DatasetError(
-                f"{path}: episode {ep.index} frame {bad}: timestamp {ts[bad]:.6f} s is not frame_index / fps = "
-                f"{bad / fps:.6f} s (tolerance {TOLERANCE_S:g} s); the recording is not at a constant {fps} fps"
-            )
-        timestamps[lo:hi], frame_index[lo:hi] = ts, frames
+        rows.frame_index[lo:hi], rows.timestamps[lo:hi] = _episode_timing(table, ep, source.fps)
         for key in numeric:
-            values[key].append(
+            rows.values[key].append(
                 column_to_numpy(table, key, shapes[key] or (1,), path).reshape(ep.length, *shapes[key])
             )
         for key in images:
-            dest = _resizing(pixels_of[key], source.frame_shape(key))
+            dest = resizing(rows.pixels_of[key], source.frame_shape(key))
             decode_images_into(table, key, dest, np.arange(lo, hi), path, ep.index)
         if task_column:
             ids = column_to_numpy(table, LEROBOT_TASK_INDEX, (), path).astype(np.int64)
-            episode_tasks.append(_episode_tasks(ids, len(tasks), path, ep.index))
+            rows.episode_tasks.append(_episode_tasks(ids, len(tasks), path, ep.index))
+    return rows
 
+
+def _episode_timing(table: pa.Table, ep: EpisodeRef, fps: int) -> tuple[np.ndarray, np.ndarray]:
+    """`(frame_index, timestamp)` of one episode's rows, checked: frames 0..T-1 in order, each row at
+    `frame_index / fps` within `TOLERANCE_S` (the windows of `delta_timestamps` count frames)."""
+    path = ep.data_path
+    frames = column_to_numpy(table, "frame_index", (), path).astype(np.int64)
+    ts = column_to_numpy(table, "timestamp", (), path).astype(np.float64)
+    if not np.array_equal(frames, np.arange(ep.length)):
+        raise DatasetError(f"{path}: episode {ep.index}: frame_index is not 0..{ep.length - 1} in order")
+    off = np.abs(ts - frames / fps)
+    if off.max(initial=0.0) > TOLERANCE_S:
+        bad = int(np.argmax(off))
+        raise DatasetError(
+            f"{path}: episode {ep.index} frame {bad}: timestamp {ts[bad]:.6f} s is not frame_index / fps = "
+            f"{bad / fps:.6f} s (tolerance {TOLERANCE_S:g} s); the recording is not at a constant {fps} fps"
+        )
+    return frames, ts
+
+
+def _save_numeric(
+    source: LeRobotSource, out: Path, values: dict[str, list[np.ndarray]]
+) -> dict[str, np.ndarray]:
+    """Each numeric feature's episodes concatenated and saved as `<key>.npy` (float64 as float32); returned.
+
+    Raises:
+        DatasetError: a float feature holds NaN or infinite values.
+    """
     arrays = {k: np.concatenate(v) for k, v in values.items()}
     for key, arr in arrays.items():
         if arr.dtype.kind == "f" and not np.all(np.isfinite(arr)):
@@ -340,63 +323,44 @@ def _write_converted(
         if arr.dtype == np.float64:
             arrays[key] = arr.astype(np.float32)
         np.save(feature_file(out, key), arrays[key])
-    episode_index = np.repeat(np.arange(len(lengths)), lengths).astype(np.int64)
-    np.save(feature_file(out, EPISODE_INDEX), episode_index)
-    np.save(feature_file(out, FRAME_INDEX), frame_index)
-    np.save(feature_file(out, TIMESTAMP), timestamps.astype(np.float32))
+    return arrays
 
-    per_episode: dict[str, list[dict[str, np.ndarray]]] = {
-        k: [sufficient_stats(a[s:e]) for s, e in zip(starts, ends)] for k, a in arrays.items()
-    }
-    for key in [*videos, *images]:
-        if key in videos:
-            pixels = _decode_feature(source, key, out, timestamps, starts, num_frames, shapes[key])
+
+def _camera_stats(
+    source: LeRobotSource,
+    out: Path,
+    rows: _Rows,
+    shapes: dict[str, tuple[int, ...]],
+    starts: np.ndarray,
+    ends: np.ndarray,
+) -> dict[str, list[dict[str, np.ndarray]]]:
+    """Each camera's per-episode `uint8_channel_stats`, once its frames are all in `out`: the videos are
+    decoded here, the images (decoded with the rows) are flushed."""
+    per_episode = {}
+    for key in [*source.video_keys, *source.image_keys]:
+        if key in source.video_keys:
+            pixels = _decode_feature(source, key, out, rows.timestamps, starts, int(ends[-1]), shapes[key])
         else:
-            pixels = pixels_of.pop(key)
+            pixels = rows.pixels_of.pop(key)
             pixels.flush()
         per_episode[key] = [uint8_channel_stats(pixels[s:e]) for s, e in zip(starts, ends)]
         del pixels
-    stacked = {k: stack_episode_stats(v) for k, v in per_episode.items()}
-    everything = np.arange(len(lengths))
-    combined = {k: combine_stats(st, everything) for k, st in stacked.items()}
-    _check_against_source_stats(source, combined, arrays)
-    save_file({f"{k}/{n}": a for k, st in stacked.items() for n, a in st.items()}, out / EPISODE_STATS_FILE)
-    write_json(
-        out / STATS_FILE,
-        {k: {n: v.tolist() for n, v in st.items()} for k, st in combined.items()},
-        indent=1,
-        fsync=True,
-    )
+    return per_episode
 
+
+def _features(
+    source: LeRobotSource, shapes: dict[str, tuple[int, ...]], arrays: dict[str, np.ndarray]
+) -> dict[str, dict[str, Any]]:
+    """`meta.json`'s features: the cameras, the numeric arrays, then the bookkeeping columns."""
     features: dict[str, dict[str, Any]] = {
-        k: {"shape": list(shapes[k]), "dtype": "uint8", "kind": VISUAL} for k in [*videos, *images]
+        k: {"shape": list(shapes[k]), "dtype": "uint8", "kind": VISUAL}
+        for k in [*source.video_keys, *source.image_keys]
     }
     for key, arr in arrays.items():
         features[key] = {"shape": list(shapes[key]), "dtype": str(arr.dtype), "kind": KINDS.get(key, "other")}
-    for key, arr in ((EPISODE_INDEX, episode_index), (FRAME_INDEX, frame_index), (TIMESTAMP, timestamps)):
-        features[key] = {
-            "shape": [],
-            "dtype": "float32" if key == TIMESTAMP else str(arr.dtype),
-            "kind": "other",
-        }
-    meta = {
-        "format_version": FORMAT_VERSION,
-        "name": name,
-        "fps": fps,
-        "num_frames": num_frames,
-        "num_episodes": len(lengths),
-        "episode_ends": ends.tolist(),
-        "features": features,
-        # LeRobot's task table (string of each task_index) and the task_index values of each episode.
-        **({"tasks": tasks, "episode_tasks": episode_tasks} if task_column else {}),
-        "source": {
-            "format": LEROBOT_FORMAT,
-            "path": str(source.root),
-            "codebase_version": source.version,
-            "fingerprint": fingerprint,
-        },
-    }
-    write_json(out / META_FILE, meta, indent=1, fsync=True)
+    for key, dtype in ((EPISODE_INDEX, "int64"), (FRAME_INDEX, "int64"), (TIMESTAMP, "float32")):
+        features[key] = {"shape": [], "dtype": dtype, "kind": "other"}
+    return features
 
 
 def _decode_feature(
@@ -410,7 +374,7 @@ def _decode_feature(
 ) -> np.ndarray:
     """Decode every frame of video feature `key` into `<key>.npy` (N, 3, H, W) uint8, one pass per mp4."""
     dest = open_preallocated_memmap(feature_file(out, key), np.uint8, (num_frames, *shape))
-    frames = _resizing(dest, source.frame_shape(key))
+    frames = resizing(dest, source.frame_shape(key))
     by_file: dict[Path, list[tuple[np.ndarray, np.ndarray]]] = {}
     for ep in source.episodes:
         ref = ep.videos[key]
@@ -424,33 +388,6 @@ def _decode_feature(
     return dest
 
 
-def read_task_table(source: LeRobotSource) -> list[str] | None:
-    """LeRobot's task table: the task string of each `task_index` 0..T-1 (v3.0 `meta/tasks.parquet`, v2.1
-    `meta/tasks.jsonl`), or None for a dataset without one.
-
-    Raises:
-        DatasetError: the table does not number its tasks 0..T-1 once each.
-    """
-    if source.version == V30:
-        path = source.root / TASKS_PATH
-        if not path.is_file():
-            return None
-        table = read_parquet(path, ["task_index", "task"]).to_pydict()
-        rows = list(zip(table["task_index"], table["task"]))
-    else:
-        path = source.root / LEGACY_TASKS_PATH
-        if not path.is_file():
-            return None
-        rows = [(row.get("task_index"), row.get("task")) for row in _load_jsonl(path)]
-    if sorted(index for index, _ in rows if isinstance(index, int)) != list(range(len(rows))) or not all(
-        isinstance(task, str) for _, task in rows
-    ):
-        raise DatasetError(
-            f"{path}: expected task_index 0..{len(rows) - 1} once each, each with a task string"
-        )
-    return [task for _, task in sorted(rows)]
-
-
 def _episode_tasks(ids: np.ndarray, num_tasks: int, path: Path, episode: int) -> list[int]:
     """The distinct task_index values (in order of first appearance) of one episode's rows `ids` (frames,)."""
     bad = ids[(ids < 0) | (ids >= num_tasks)]
@@ -460,32 +397,6 @@ def _episode_tasks(ids: np.ndarray, num_tasks: int, path: Path, episode: int) ->
         )
     distinct, first = np.unique(ids, return_index=True)
     return [int(t) for t in distinct[np.argsort(first)]]
-
-
-class _ResizedFrames:
-    """Where a decoder stores frames of the recorded size: each is resized into `dest` (N, 3, h, w) uint8.
-
-    A decoder sees `shape` (N, 3, H, W) of the recorded frames and assigns `frames[row] = image` (3, H, W);
-    the box filter makes each stored pixel the mean of the source pixels it covers.
-    """
-
-    def __init__(self, dest: np.ndarray, recorded: tuple[int, int]):
-        self.dest = dest
-        self.shape = (dest.shape[0], dest.shape[1], *recorded)
-
-    def __setitem__(self, row: int, image: np.ndarray) -> None:
-        from PIL import Image  # imported here: only importing a LeRobotDataset decodes
-
-        height, width = self.dest.shape[2:]
-        resized = Image.fromarray(np.ascontiguousarray(image.transpose(1, 2, 0))).resize(
-            (width, height), Image.Resampling.BOX
-        )
-        self.dest[row] = np.asarray(resized).transpose(2, 0, 1)
-
-
-def _resizing(dest: np.ndarray, recorded: tuple[int, int]) -> np.ndarray | _ResizedFrames:
-    """`dest` itself when its frames have the recorded size, else a `_ResizedFrames` writing into it."""
-    return dest if tuple(dest.shape[2:]) == tuple(recorded) else _ResizedFrames(dest, recorded)
 
 
 def _check_against_source_stats(

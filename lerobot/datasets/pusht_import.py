@@ -49,7 +49,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from safetensors.numpy import save_file
 from tqdm import tqdm
 
 from lerobot.config import DatasetConfig
@@ -63,22 +62,22 @@ from lerobot.constants import (
     OBS_IMAGE,
     OBS_STATE,
 )
+from lerobot.datasets.cache import default_cache_dir
 from lerobot.datasets.conversion import remove_stale_temps, write_conversion
 from lerobot.datasets.format import (
     EPISODE_INDEX,
-    EPISODE_STATS_FILE,
     FORMAT_VERSION,
     FRAME_INDEX,
     META_FILE,
-    STATS_FILE,
     TIMESTAMP,
-    combine_stats,
+    combine_episode_stats,
     feature_file,
     open_preallocated_memmap,
     read_meta,
-    stack_episode_stats,
     sufficient_stats,
     uint8_channel_stats,
+    write_meta,
+    write_stats,
 )
 from lerobot.datasets.pusht_rules import (
     ACTION_HIGH,
@@ -88,8 +87,8 @@ from lerobot.datasets.pusht_rules import (
     block_keypoints,
     coverage_reward,
 )
+from lerobot.datasets.pusht_zarr import open_pusht_zarr, read_array
 from lerobot.errors import DatasetError, DatasetNotFoundError
-from lerobot.runtime.files import write_json
 
 log = logging.getLogger(__name__)
 
@@ -103,28 +102,12 @@ CONVERTED_NAME = f"v{FORMAT_VERSION}"
 # Revision 3 added the bounds checks: conversions made before them are checked (and rebuilt) once.
 CONVERTER_REVISION = 3
 
-# Arrays the conversion reads, with the trailing shape each must have (None: any size, e.g. image H/W).
-REQUIRED_ARRAYS: dict[str, tuple[int | None, ...]] = {
-    "data/img": (None, None, 3),
-    "data/state": (5,),
-    "data/action": (2,),
-    "meta/episode_ends": (),
-}
-
 # Bytes per frame of the arrays written besides the image: float32 state (2), keypoints (16), action (2),
 # reward; bool success, done; int64 episode and frame index; float32 timestamp.
 _LOW_DIM_BYTES_PER_FRAME = 4 * (2 + 16 + 2 + 1) + 2 + 2 * 8 + 4
 # Images are converted this many frames at a time: large enough to amortize zarr's per-call overhead,
 # small enough (~180 MB of float32 at 96x96) to stay out of memory trouble.
 _IMAGE_BLOCK = 1600
-
-
-def default_cache_dir(dataset_cfg: DatasetConfig | None = None) -> Path:
-    """`dataset.cache_dir`, else `$XDG_CACHE_HOME/lerobot`, else `~/.cache/lerobot`."""
-    if dataset_cfg is not None and dataset_cfg.cache_dir:
-        return Path(dataset_cfg.cache_dir).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "lerobot"
 
 
 def pusht_cache_dir(dataset_cfg: DatasetConfig | None = None) -> Path:
@@ -257,78 +240,6 @@ def extract_pusht_zip(zip_path: Path, cache: Path) -> Path:
     return target
 
 
-# ------------------------------------------------------------------------------------------- validation
-
-
-def open_pusht_zarr(path: Path) -> dict[str, Any]:
-    """Open the PushT zarr read-only and check it; return {array name: zarr array}.
-
-    Checks: the store opens, every required array exists with the expected trailing shape, all arrays have
-    the same number of frames, every chunk is stored (zarr would silently fill missing chunks with zeros;
-    writers skip chunks that are all fill value, but no real chunk of PushT images, states or actions is all
-    zeros, so a missing one means a truncated copy), and `meta/episode_ends` increases strictly to the
-    frame count.
-
-    Raises:
-        DatasetError: naming the store or array and the problem.
-    """
-    import zarr  # imported here: only conversion needs it, loading a converted dataset does not
-
-    path = Path(path)
-    try:
-        group = zarr.open_group(str(path), mode="r")
-    except Exception as e:  # zarr raises several unrelated types for a bad store
-        raise DatasetError(f"{path}: not a readable zarr store ({type(e).__name__}: {e})") from None
-    arrays = {}
-    for name, trailing in REQUIRED_ARRAYS.items():
-        try:
-            arr = group[name]
-        except KeyError:
-            raise DatasetError(
-                f"{path}: missing array {name!r} (required: {sorted(REQUIRED_ARRAYS)})"
-            ) from None
-        except Exception as e:
-            raise DatasetError(
-                f"{path}/{name}: unreadable array metadata ({type(e).__name__}: {e})"
-            ) from None
-        if not hasattr(arr, "shape") or len(arr.shape) != 1 + len(trailing):
-            raise DatasetError(
-                f"{path}/{name}: expected {1 + len(trailing)} dimensions, got shape {arr.shape}"
-            )
-        if any(want is not None and got != want for want, got in zip(trailing, arr.shape[1:])):
-            raise DatasetError(f"{path}/{name}: shape {arr.shape} does not end with {trailing}")
-        if arr.nchunks_initialized != arr.nchunks:
-            raise DatasetError(
-                f"{path}/{name}: {arr.nchunks - arr.nchunks_initialized} of {arr.nchunks} chunks are missing "
-                "(truncated copy?)"
-            )
-        arrays[name] = arr
-    lengths = {name: arr.shape[0] for name, arr in arrays.items() if name.startswith("data/")}
-    if len(set(lengths.values())) != 1:
-        raise DatasetError(f"{path}: arrays have different numbers of frames: {lengths}")
-    num_frames = next(iter(lengths.values()))
-    ends = _read(path, "meta/episode_ends", arrays["meta/episode_ends"])
-    if not np.issubdtype(ends.dtype, np.integer):
-        raise DatasetError(f"{path}/meta/episode_ends: expected integers, got {ends.dtype}")
-    if len(ends) == 0 or ends[0] <= 0 or np.any(np.diff(ends) <= 0) or ends[-1] != num_frames:
-        raise DatasetError(
-            f"{path}/meta/episode_ends: must increase strictly from > 0 to the frame count {num_frames}; "
-            f"got {len(ends)} ends, first {ends[:1].tolist()}, last {ends[-1:].tolist()}"
-        )
-    return arrays
-
-
-def _read(path: Path, name: str, arr: Any, sel: slice = slice(None)) -> np.ndarray:
-    """Read `arr[sel]`, turning codec/IO failures into a `DatasetError` naming the array and frames."""
-    try:
-        return np.asarray(arr[sel])
-    except Exception as e:
-        where = "" if sel == slice(None) else f" frames {sel.start}..{sel.stop - 1}"
-        raise DatasetError(
-            f"{path}/{name}:{where} corrupt or truncated chunk ({type(e).__name__}: {e})"
-        ) from None
-
-
 def source_fingerprint(arrays: dict[str, Any], path: Path) -> str:
     """sha256 of format version, converter revision, episode boundaries, states and actions.
 
@@ -336,7 +247,7 @@ def source_fingerprint(arrays: dict[str, Any], path: Path) -> str:
     """
     digest = hashlib.sha256(f"pusht-v{FORMAT_VERSION}-r{CONVERTER_REVISION}".encode())
     for name in ("meta/episode_ends", "data/state", "data/action"):
-        data = _read(path, name, arrays[name])
+        data = read_array(path, name, arrays[name])
         digest.update(f"{name}{data.shape}{data.dtype}".encode())
         digest.update(np.ascontiguousarray(data).tobytes())
     return digest.hexdigest()
@@ -389,9 +300,9 @@ def converted_bytes(arrays: dict[str, Any]) -> int:
 
 def _write_converted(arrays: dict[str, Any], src: Path, out: Path, fingerprint: str) -> None:
     """Write every feature array, the statistics and (last) `meta.json` into the directory `out`."""
-    ends = _read(src, "meta/episode_ends", arrays["meta/episode_ends"]).astype(np.int64)
-    state = _read(src, "data/state", arrays["data/state"])
-    action = _read(src, "data/action", arrays["data/action"])
+    ends = read_array(src, "meta/episode_ends", arrays["meta/episode_ends"]).astype(np.int64)
+    state = read_array(src, "data/state", arrays["data/state"])
+    action = read_array(src, "data/action", arrays["data/action"])
     num_frames, num_episodes = int(ends[-1]), len(ends)
     starts = np.concatenate([[0], ends[:-1]])
     lengths = ends - starts
@@ -429,16 +340,7 @@ def _write_converted(arrays: dict[str, Any], src: Path, out: Path, fingerprint: 
         key: [sufficient_stats(values[s:e]) for s, e in zip(starts, ends)] for key, values in low_dim.items()
     }
     per_episode[OBS_IMAGE] = image_stats
-    stacked = {key: stack_episode_stats(eps) for key, eps in per_episode.items()}
-    save_file(
-        {f"{key}/{name}": arr for key, st in stacked.items() for name, arr in st.items()},
-        out / EPISODE_STATS_FILE,
-    )
-    everything = np.arange(num_episodes)
-    readable = {
-        key: {k: v.tolist() for k, v in combine_stats(st, everything).items()} for key, st in stacked.items()
-    }
-    write_json(out / STATS_FILE, readable, indent=1, fsync=True)
+    write_stats(out, *combine_episode_stats(per_episode, num_episodes))
 
     features = {OBS_IMAGE: {"shape": list(image_shape), "dtype": "uint8", "kind": "visual"}}
     kinds = {OBS_STATE: "state", OBS_ENV_STATE: "env_state", ACTION: "action"}
@@ -448,23 +350,20 @@ def _write_converted(arrays: dict[str, Any], src: Path, out: Path, fingerprint: 
             "dtype": str(values.dtype),
             "kind": kinds.get(key, "other"),
         }
-    meta = {
-        "format_version": FORMAT_VERSION,
-        "name": "pusht",
-        "fps": PUSHT_FPS,
-        "num_frames": num_frames,
-        "num_episodes": num_episodes,
-        "episode_ends": ends.tolist(),
-        "features": features,
-        "source": {"path": str(src), "fingerprint": fingerprint, "url": PUSHT_URL},
-        "notes": {
+    write_meta(
+        out,
+        "pusht",
+        PUSHT_FPS,
+        ends,
+        features,
+        source={"path": str(src), "fingerprint": fingerprint, "url": PUSHT_URL},
+        notes={
             OBS_ENV_STATE: "gym-pusht keypoints of the block pose recorded at this frame",
             NEXT_REWARD: "coverage reward of the next frame's block pose (own pose on an episode's last frame)",
             NEXT_SUCCESS: "coverage > 0.95 for the same pose as next.reward",
             NEXT_DONE: "True on the last frame of each episode",
         },
-    }
-    write_json(out / META_FILE, meta, indent=1, fsync=True)
+    )
 
 
 def _check_bounds(
@@ -513,7 +412,7 @@ def _write_images(
     block = max(img.chunks[0], _IMAGE_BLOCK // img.chunks[0] * img.chunks[0])
     for lo in tqdm(range(0, num_frames, block), desc="converting images", unit="block", leave=False):
         hi = min(lo + block, num_frames)
-        frames = _read(src, "data/img", img, slice(lo, hi))
+        frames = read_array(src, "data/img", img, slice(lo, hi))
         inside = (frames >= 0.0) & (frames <= 255.0)
         if not inside.all():
             row = lo + int(np.argwhere(~inside)[0, 0])

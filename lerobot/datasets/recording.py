@@ -34,20 +34,19 @@ from lerobot.constants import ACTION, ACTION_KIND, ENV_STATE, OBS_ENV_STATE, OBS
 from lerobot.datasets.format import (
     EPISODE_INDEX,
     EPISODE_STATS_FILE,
-    FORMAT_VERSION,
     FRAME_INDEX,
-    META_FILE,
     TIMESTAMP,
     feature_file,
     open_preallocated_memmap,
     stack_episode_stats,
     sufficient_stats,
     uint8_channel_stats,
+    write_meta,
 )
 from lerobot.datasets.lerobot_export import export_lerobot_dataset
 from lerobot.envs.tasks import EpisodeSpec
 from lerobot.errors import DatasetError
-from lerobot.runtime.files import TemporaryDir, no_space_error, remove_stale_temporary_dirs, write_json
+from lerobot.runtime.files import TemporaryDir, no_space_error, remove_stale_temporary_dirs
 
 log = logging.getLogger(__name__)
 
@@ -237,14 +236,4 @@ def _write_converted(
     save_file(
         {f"{k}/{n}": a for k, st in per_episode.items() for n, a in st.items()}, out / EPISODE_STATS_FILE
     )
-    meta = {
-        "format_version": FORMAT_VERSION,
-        "name": name,
-        "fps": fps,
-        "num_frames": int(ends[-1]),
-        "num_episodes": len(order),
-        "episode_ends": ends.tolist(),
-        "features": features,
-        "source": {"recorded_episodes": order},
-    }
-    write_json(out / META_FILE, meta, indent=1, fsync=True)
+    write_meta(out, name, fps, ends, features, source={"recorded_episodes": order})

@@ -1,7 +1,7 @@
 """Baseline policies that need no training: evaluation works before any learned policy exists.
 
 Each baseline's config declares the envs it fits (`Fits`: action size, bounds, observation features);
-`validate()` checks them, so `policy=scripted env=pendulum` stops at config validation with one line.
+`validate()` checks them, so `policy=pusht_scripted env=pendulum` stops at config validation with one line.
 """
 
 from __future__ import annotations
@@ -144,7 +144,7 @@ class ScriptedConfig(BaselineConfig):
         description="PushT-like envs (a bounded 2-D action; the agent's position plus block keypoints or an image)",
     )
 
-    name: str = "scripted"
+    name: str = "pusht_scripted"
     goal_xy: list[float] = field(default_factory=lambda: [256.0, 256.0])
     # How far past the block centre (world units) the agent aims, along the block -> goal direction.
     push_lead: float = 20.0

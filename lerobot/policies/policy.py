@@ -20,10 +20,20 @@ from lerobot.checkpoints import hub, load_policy
 from lerobot.errors import PretrainedError
 from lerobot.policies.acting import ActingState, episode_stream
 
-__all__ = ["Policy", "episode_stream"]  # `episode_stream` is imported from here too
+__all__ = ["Policy", "acting_settings", "episode_stream"]  # `episode_stream` is imported from here too
 
 if TYPE_CHECKING:
-    from lerobot.config import EnvConfig
+    from lerobot.config import EnvConfig, PolicyConfig
+
+
+def acting_settings(config: PolicyConfig) -> dict[str, Any]:
+    """The acting settings of a policy's `config` that `Policy.__init__` takes: `n_obs_steps`, `n_action_steps`
+    and `temporal_ensemble_coeff`."""
+    return {
+        "n_obs_steps": config.n_obs_steps,
+        "n_action_steps": config.n_action_steps,
+        "temporal_ensemble_coeff": config.temporal_ensemble_coeff,
+    }
 
 
 class Policy(nn.Module, abc.ABC):

@@ -1,6 +1,6 @@
 """Trainers: offline (demonstrations) and online (replay buffer), sharing the update (`update.py`), the run
-directory (`run_dir.py`), the loop's progress (`progress.py`), the metrics log (`metrics.py`) and the divergence
-guard (`guard.py`)."""
+directory (`run_dir/`: made or found, locked, resumed or branched, saved into, pruned), the loop's progress
+(`progress.py`) and timing (`pace.py`), the metrics log (`metrics.py`) and the divergence guard (`guard.py`)."""
 
 from __future__ import annotations
 
@@ -14,14 +14,14 @@ from lerobot.errors import ConfigError
 from lerobot.evaluation import check_run_env
 from lerobot.training.offline import train_offline
 from lerobot.training.online import train_online
-from lerobot.training.update import LOWER_STEPS
+from lerobot.training.pace import LOWER_STEPS
 
 
 def train(cfg: DictConfig, slow_run_advice: str = LOWER_STEPS) -> Path:
     """Train the configured policy (offline or online by its `training_mode`); return the run directory.
 
     The policy config (typed and validated by `validate_run_config`) is handed to the trainer, which holds
-    the run directory's lock while it trains (`run_directory`). `slow_run_advice` ends the warning of a CPU
+    the run directory's lock while it trains (`open_run_dir`). `slow_run_advice` ends the warning of a CPU
     run that would take hours (`CpuPace`): what would be faster.
     """
     policy_cfg = policy_config(cfg)

@@ -20,8 +20,10 @@ import logging
 from pathlib import Path
 from types import TracebackType
 
-from lerobot.checkpoints.run import checkpoint_dir, list_checkpoints, prune_checkpoints, set_last
+from lerobot.checkpoints.run_layout import checkpoint_dir, list_checkpoints
 from lerobot.errors import NonFiniteWeightsError, TrainingDivergedError
+from lerobot.training.run_dir.cleanup import prune_checkpoints
+from lerobot.training.run_dir.saving import set_last
 
 log = logging.getLogger(__name__)
 

@@ -2,12 +2,12 @@
 transitions online), the progress bar, the metrics log, stop signals, and when logging, checkpointing and
 evaluation are due. A trainer writes its own work between two `advance` calls:
 
-    with TrainingLoop(cfg, run_dir, start=step, resumed=...) as loop:
+    with TrainingLoop(cfg, run_dir.path, start=step, resumed=...) as loop:
         while loop.running:
             ...                                  # offline: a batch, one update; online: collect, n updates
             due = loop.advance(n)                # n = steps this iteration counts
             if due.log: loop.log(update.metrics.pop() | ...)   # the window's one host sync
-            if due.checkpoint: update.metrics.check_finite(); save_checkpoint(...)
+            if due.checkpoint: update.metrics.check_finite(); run_dir.save(...)
             if due.eval: loop.evaluate(policy)
 
 Each of the three is due when the counter crosses a multiple of its period (`training.log_freq`,
@@ -33,7 +33,7 @@ from typing import Any
 from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
-from lerobot import distributed
+from lerobot import distributed, random_state
 from lerobot.evaluation import evaluate
 from lerobot.policies.policy import Policy
 from lerobot.runtime.signals import EvaluationInterrupted, active
@@ -187,7 +187,7 @@ class TrainingLoop:
         if distributed.is_main() and out_dir.exists():
             shutil.rmtree(out_dir)
             log.info("removed %s, left by an evaluation that did not finish", out_dir)
-        rng = distributed.get_rng_state()
+        rng = random_state.get_rng_state()
         was_training = policy.training
         self.eval_pending = False
         try:
@@ -207,7 +207,7 @@ class TrainingLoop:
             return None
         finally:
             policy.train(was_training)
-            distributed.set_rng_state(rng)
+            random_state.set_rng_state(rng)
         if self.logger is None:
             return info
         agg = info["aggregated"]

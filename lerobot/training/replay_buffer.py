@@ -45,7 +45,6 @@ from torch import Tensor
 
 from lerobot.constants import (
     ACTION,
-    FROM_DEMONSTRATIONS,
     NEXT_DONE,
     NEXT_REWARD,
     NEXT_TERMINATED,
@@ -479,28 +478,3 @@ class ReplayBuffer:
         self._cur_step.zero_()
         self._autoreset_pending.zero_()
         self.pos, self.full = length % self.rows, length == self.rows
-
-
-def sample_mixed(
-    online: ReplayBuffer,
-    offline: ReplayBuffer | None,
-    batch_size: int,
-    horizon: int,
-    offline_ratio: float,
-) -> dict[str, Tensor]:
-    """A batch with `round(batch_size * offline_ratio)` samples from `offline` and the rest from `online`,
-    in that order: online rows first. `FROM_DEMONSTRATIONS` (B,) marks the rows drawn from `offline`.
-    When `online` replays by priority, the demonstration rows (drawn uniformly) get weight 1 and index -1."""
-    n_off = round(batch_size * offline_ratio) if offline is not None and len(offline) > 0 else 0
-    n_on = batch_size - n_off
-    parts = []
-    if n_on > 0:
-        parts.append(online.sample(n_on, horizon))
-    if n_off > 0:
-        parts.append(offline.sample(n_off, horizon))
-        if online.prioritized:
-            parts[-1][SAMPLE_WEIGHT] = torch.ones(n_off)
-            parts[-1][REPLAY_INDEX] = torch.full((n_off, 2), -1, dtype=torch.int64)
-    batch = parts[0] if len(parts) == 1 else {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
-    batch[FROM_DEMONSTRATIONS] = torch.arange(batch_size) >= n_on
-    return batch

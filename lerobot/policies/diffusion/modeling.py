@@ -39,7 +39,7 @@ from lerobot.normalize import Normalize, Unnormalize
 from lerobot.policies.diffusion.configuration import DiffusionConfig
 from lerobot.policies.diffusion.unet import ConditionalUnet1D
 from lerobot.policies.diffusion.vision import RgbEncoder
-from lerobot.policies.policy import Policy
+from lerobot.policies.policy import Policy, acting_settings
 
 _SCHEDULERS = {"DDPM": DDPMScheduler, "DDIM": DDIMScheduler}
 
@@ -101,11 +101,7 @@ class DiffusionPolicy(Policy):
     ):
         config.resolve_defaults()  # a config made directly, not by make_policy_config, may still hold None
         config.validate()
-        super().__init__(
-            n_obs_steps=config.n_obs_steps,
-            n_action_steps=config.n_action_steps,
-            temporal_ensemble_coeff=config.temporal_ensemble_coeff,
-        )
+        super().__init__(**acting_settings(config))
         self.config = config
         self.generator: torch.Generator | None = None
 

@@ -37,16 +37,12 @@ class SACConfig(PolicyConfig):
     """Soft Actor-Critic: a tanh-squashed Gaussian actor, an ensemble of Q-functions and a learned temperature."""
 
     name: str = "sac"
-    training_mode: str = ONLINE
-    n_obs_steps: int = 1
-    n_action_steps: int = 1
+    training_mode: str = ONLINE  # one observation in, one action out: `PolicyConfig`'s n_obs/action_steps
 
-    # Optimisation (SB3): one Adam rate for actor, critics and temperature. AdamW with weight decay 0 is Adam.
+    # Optimisation (SB3): one Adam rate for actor, critics and temperature (`PolicyConfig`'s AdamW betas and
+    # eps with weight decay 0: Adam).
     batch_size: int = 256
     optimizer_lr: float = 3e-4
-    optimizer_betas: tuple[float, float] = (0.9, 0.999)
-    optimizer_eps: float = 1e-8
-    optimizer_weight_decay: float = 0.0
 
     # Networks: hidden widths of the actor and of each Q-function (ReLU), and how many Q-functions.
     hidden_dims: list[int] = field(default_factory=lambda: [256, 256])

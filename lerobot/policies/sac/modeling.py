@@ -37,6 +37,7 @@ from lerobot.constants import (
 )
 from lerobot.normalize import MIN_MAX, Normalize, Unnormalize
 from lerobot.policies.online_policy import OnlinePolicy
+from lerobot.policies.policy import acting_settings
 from lerobot.policies.sac.configuration import SACConfig
 from lerobot.policies.sac.networks import (
     PixelEncoder,
@@ -101,11 +102,7 @@ class SACPolicy(OnlinePolicy):
     """
 
     def __init__(self, config: SACConfig, dataset_stats: dict | None = None):
-        super().__init__(
-            n_obs_steps=config.n_obs_steps,
-            n_action_steps=config.n_action_steps,
-            temporal_ensemble_coeff=config.temporal_ensemble_coeff,
-        )
+        super().__init__(**acting_settings(config))
         config.validate()
         self.config = config
         inputs = config.input_features

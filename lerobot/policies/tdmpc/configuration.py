@@ -43,16 +43,12 @@ class TDMPCConfig(PolicyConfig):
     """TD-MPC: latent world model + Q ensemble + policy prior, acting by MPPI planning in latent space."""
 
     name: str = "tdmpc"
-    training_mode: str = ONLINE
-    n_obs_steps: int = 1
-    n_action_steps: int = 1
+    training_mode: str = ONLINE  # one observation in, one action out: `PolicyConfig`'s n_obs/action_steps
 
-    # Optimisation (TD-MPC/FOWM state-based tasks). AdamW with weight decay 0 is Adam.
+    # Optimisation (TD-MPC/FOWM state-based tasks): `PolicyConfig`'s AdamW betas and eps with weight decay 0,
+    # i.e. Adam.
     batch_size: int = 256
     optimizer_lr: float = 3e-4
-    optimizer_betas: tuple[float, float] = (0.9, 0.999)
-    optimizer_eps: float = 1e-8
-    optimizer_weight_decay: float = 0.0
 
     # Architecture.
     latent_dim: int = 64

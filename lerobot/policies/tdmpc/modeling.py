@@ -32,6 +32,7 @@ from lerobot.constants import (
     SAMPLE_WEIGHT,
 )
 from lerobot.policies.online_policy import OnlinePolicy
+from lerobot.policies.policy import acting_settings
 from lerobot.policies.tdmpc.configuration import TDMPCConfig
 from lerobot.policies.tdmpc.networks import BoundsNormalizer, WorldModel
 from lerobot.policies.tdmpc.planner import MPPIPlanner, PlannerSettings
@@ -51,11 +52,7 @@ class TDMPCPolicy(OnlinePolicy):
     reports_priorities = True
 
     def __init__(self, config: TDMPCConfig, dataset_stats: dict | None = None):
-        super().__init__(
-            n_obs_steps=config.n_obs_steps,
-            n_action_steps=config.n_action_steps,
-            temporal_ensemble_coeff=config.temporal_ensemble_coeff,
-        )
+        super().__init__(**acting_settings(config))
         config.validate()
         self.config = config
         self.obs_keys = sorted(config.input_features)
@@ -226,27 +223,10 @@ class TDMPCPolicy(OnlinePolicy):
         if obs.shape[1] != horizon + 1:
             raise ValueError(f"observations need H+1={horizon + 1} steps, got {obs.shape[1]}")
         rho = cfg.rho ** torch.arange(horizon + 1, device=action.device, dtype=action.dtype)  # (H+1,)
-
-        with torch.no_grad():
-            next_obs = obs[:, 1:]
-            z_target = self.model_target.encode(next_obs)  # (B, H, L) consistency targets
-            # As TD-MPC: next latent from the online encoder, policy action from the online prior, value
-            # from the target Q ensemble.
-            z_next = self.model.encode(next_obs)
-            q_next = self.model_target.q(z_next, self.model.pi(z_next))  # (n_q, B, H)
-            subset = torch.randperm(cfg.n_q, device=action.device)[: cfg.n_q_min]
-            v_next = q_next[subset].min(dim=0).values
-            td_target = reward + cfg.discount * (1.0 - terminated) * v_next  # (B, H)
-            if cfg.absorbing_terminal:  # a terminated step's final state keeps paying its own reward
-                td_target = td_target + cfg.discount * terminated * reward / (1.0 - cfg.discount)
+        z_target, td_target = self._targets(obs[:, 1:], reward, terminated)
 
         # Latent rollout through the learned dynamics (sequential), then reward and Q on all steps at once.
-        z = self.model.encode(obs[:, 0])
-        latents = [z]
-        for t in range(horizon):
-            z = self.model.next(z, action[:, t])
-            latents.append(z)
-        zs = torch.stack(latents, dim=1)  # (B, H+1, L)
+        zs = self._latent_rollout(obs[:, 0], action)  # (B, H+1, L)
         q_out = self.model.q_outputs(zs[:, :-1], action)  # (n_q, B, H, n_out)
         r_out = self.model.reward_outputs(zs[:, :-1], action)  # (B, H, n_out)
 
@@ -262,41 +242,13 @@ class TDMPCPolicy(OnlinePolicy):
         reward_loss = batch_mean(self.model.regression_loss(r_out, reward))  # regression loss (B, H)
         value_loss = batch_mean(self.model.regression_loss(q_out, td_target).sum(dim=0))  # (n_q, B, H)
 
-        # Policy: maximise Q along the (detached) latent rollout; Q's weights are detached so this term
-        # trains pi alone.
         z_pi = zs.detach()
-        stochastic = self.model.stochastic_prior
-        if stochastic:  # a reparameterised draw, so the gradient reaches the mean and the std
-            eps = torch.randn(*z_pi.shape[:-1], self.action_dim, device=z_pi.device, dtype=z_pi.dtype)
-            pi_actions, log_prob = self.model.pi_sample(z_pi, eps)  # (B, H+1, A), (B, H+1)
-        else:
-            pi_actions = self.model.pi(z_pi)  # (B, H+1, A)
-        q_pi = self.model.q(z_pi, pi_actions, detach_params=True)  # (n_q, B, H+1)
-        subset_pi = torch.randperm(cfg.n_q, device=action.device)[: cfg.n_q_min]
-        q_pi = q_pi[subset_pi]
-        q_pi = q_pi.min(dim=0).values if cfg.policy_q_reduction == "min" else q_pi.mean(dim=0)  # (B, H+1)
-        if self.training:
-            with torch.no_grad():
-                self.q_scale.lerp_(self._q_scale_statistic(q_pi), 1.0 - cfg.q_scale_momentum)
-        objective = q_pi / self.q_scale.clamp_min(1.0)  # (B, H+1)
-        extra = {}
-        if stochastic:
-            entropy = -log_prob * self.action_dim  # TD-MPC2 scales the entropy by the action dims
-            objective = objective + cfg.prior_entropy_coeff * entropy
-            extra["prior_entropy"] = entropy.detach().mean()
+        policy_loss, pi_actions, extra = self._policy_loss(z_pi, rho)
         if sample_weight is not None:
             with torch.no_grad():
                 td_error = (self.model.to_scalar(q_out) - td_target).abs().sum(dim=0)  # (B, H)
                 extra[SAMPLE_PRIORITY] = (w * td_error).sum(dim=1).clamp(max=1e4)
-        policy_loss = -(rho * objective.mean(dim=0)).sum() / (horizon + 1)
-        bc_loss = action.new_zeros(())
-        if cfg.bc_coeff > 0 and FROM_DEMONSTRATIONS in batch:
-            # A masked mean rather than indexing, so that no count is read back to the host.
-            demo = batch[FROM_DEMONSTRATIONS].to(action.dtype)  # (B,)
-            prior = self.model.pi(z_pi) if stochastic else pi_actions  # the Gaussian's mean
-            sq_err = ((prior[:, :-1] - action) ** 2).mean(dim=2)  # (B, H)
-            bc_err = (demo.unsqueeze(1) * sq_err).sum(dim=0) / demo.sum().clamp_min(1.0)  # (H,)
-            bc_loss = (w * bc_err).sum() / horizon
+        bc_loss = self._bc_loss(batch, action, z_pi, pi_actions, w)
 
         loss = (
             cfg.consistency_coeff * consistency
@@ -316,6 +268,74 @@ class TDMPCPolicy(OnlinePolicy):
             "td_target_mean": td_target.mean(),
             **extra,
         }
+
+    @torch.no_grad()
+    def _targets(self, next_obs: Tensor, reward: Tensor, terminated: Tensor) -> tuple[Tensor, Tensor]:
+        """`(z_target (B, H, L), td_target (B, H))` of the next observations `next_obs` (B, H, D): the target
+        encoder's latents (the consistency targets) and r_t + discount * (1 - term_t) * V'(o_{t+1})."""
+        cfg = self.config
+        z_target = self.model_target.encode(next_obs)  # (B, H, L) consistency targets
+        # As TD-MPC: next latent from the online encoder, policy action from the online prior, value
+        # from the target Q ensemble.
+        z_next = self.model.encode(next_obs)
+        q_next = self.model_target.q(z_next, self.model.pi(z_next))  # (n_q, B, H)
+        subset = torch.randperm(cfg.n_q, device=reward.device)[: cfg.n_q_min]
+        v_next = q_next[subset].min(dim=0).values
+        td_target = reward + cfg.discount * (1.0 - terminated) * v_next  # (B, H)
+        if cfg.absorbing_terminal:  # a terminated step's final state keeps paying its own reward
+            td_target = td_target + cfg.discount * terminated * reward / (1.0 - cfg.discount)
+        return z_target, td_target
+
+    def _latent_rollout(self, first_obs: Tensor, action: Tensor) -> Tensor:
+        """The latents (B, H+1, L) from z_0 = h(o_0) (`first_obs` (B, D)) through the learned dynamics with
+        the actions (B, H, A)."""
+        z = self.model.encode(first_obs)
+        latents = [z]
+        for t in range(action.shape[1]):
+            z = self.model.next(z, action[:, t])
+            latents.append(z)
+        return torch.stack(latents, dim=1)
+
+    def _policy_loss(self, z_pi: Tensor, rho: Tensor) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+        """`(policy loss, the policy's actions (B, H+1, A), extra outputs)` on the detached latents `z_pi`
+        (B, H+1, L): maximise Q along them, Q's weights detached so that this term trains pi alone; with the
+        Gaussian prior the extra outputs hold its entropy (`prior_entropy`)."""
+        cfg = self.config
+        stochastic = self.model.stochastic_prior
+        if stochastic:  # a reparameterised draw, so the gradient reaches the mean and the std
+            eps = torch.randn(*z_pi.shape[:-1], self.action_dim, device=z_pi.device, dtype=z_pi.dtype)
+            pi_actions, log_prob = self.model.pi_sample(z_pi, eps)  # (B, H+1, A), (B, H+1)
+        else:
+            pi_actions = self.model.pi(z_pi)  # (B, H+1, A)
+        q_pi = self.model.q(z_pi, pi_actions, detach_params=True)  # (n_q, B, H+1)
+        subset_pi = torch.randperm(cfg.n_q, device=z_pi.device)[: cfg.n_q_min]
+        q_pi = q_pi[subset_pi]
+        q_pi = q_pi.min(dim=0).values if cfg.policy_q_reduction == "min" else q_pi.mean(dim=0)  # (B, H+1)
+        if self.training:
+            with torch.no_grad():
+                self.q_scale.lerp_(self._q_scale_statistic(q_pi), 1.0 - cfg.q_scale_momentum)
+        objective = q_pi / self.q_scale.clamp_min(1.0)  # (B, H+1)
+        extra = {}
+        if stochastic:
+            entropy = -log_prob * self.action_dim  # TD-MPC2 scales the entropy by the action dims
+            objective = objective + cfg.prior_entropy_coeff * entropy
+            extra["prior_entropy"] = entropy.detach().mean()
+        policy_loss = -(rho * objective.mean(dim=0)).sum() / z_pi.shape[1]
+        return policy_loss, pi_actions, extra
+
+    def _bc_loss(
+        self, batch: dict[str, Tensor], action: Tensor, z_pi: Tensor, pi_actions: Tensor, w: Tensor
+    ) -> Tensor:
+        """With `bc_coeff > 0`: the rho-discounted (`w` (H,)) squared error of the prior's mean action
+        against the batch's `action` (B, H, A) on the rows marked `FROM_DEMONSTRATIONS`; else 0."""
+        if not (self.config.bc_coeff > 0 and FROM_DEMONSTRATIONS in batch):
+            return action.new_zeros(())
+        # A masked mean rather than indexing, so that no count is read back to the host.
+        demo = batch[FROM_DEMONSTRATIONS].to(action.dtype)  # (B,)
+        prior = self.model.pi(z_pi) if self.model.stochastic_prior else pi_actions  # the Gaussian's mean
+        sq_err = ((prior[:, :-1] - action) ** 2).mean(dim=2)  # (B, H)
+        bc_err = (demo.unsqueeze(1) * sq_err).sum(dim=0) / demo.sum().clamp_min(1.0)  # (H,)
+        return (w * bc_err).sum() / action.shape[1]
 
     def _q_scale_statistic(self, q_pi: Tensor) -> Tensor:
         """This batch's value of the statistic `q_scale` tracks, from the policy's Q values (B, H+1): the mean

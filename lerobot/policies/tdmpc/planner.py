@@ -184,65 +184,17 @@ class MPPIPlanner:
         elif self._prev_mean is None:
             raise ValueError("a planner subset call (env_ids) needs a previous full-batch call")
         env_ids = env_ids.to(device)
-        n_s, n_pi, n_el, horizon, a_dim = (
-            s.num_samples,
-            s.num_pi_trajs,
-            s.num_elites,
-            s.horizon,
-            self.action_dim,
-        )
 
         gauss, unif = self._draw_noise(env_ids, device, generators)
-        n_iter_noise = s.iterations * n_s * horizon * a_dim
-        n_pi_noise = n_pi * horizon * a_dim
-        eps_samples = rearrange(
-            gauss[:, :n_iter_noise], "b (i n h a) -> b i n h a", i=s.iterations, n=n_s, h=horizon
-        )
-        eps_pi = rearrange(
-            gauss[:, n_iter_noise : n_iter_noise + n_pi_noise], "b (n h a) -> b n h a", n=n_pi, h=horizon
-        )
-        eps_explore = rearrange(gauss[:, n_iter_noise + n_pi_noise :], "b (h a) -> b h a", h=horizon)
-
-        # Trajectories of the policy prior (with a little noise) seed the elites with good candidates.
-        pi_actions = z.new_zeros(batch_size, n_pi, horizon, a_dim)
-        if n_pi > 0:
-            zp = z.unsqueeze(1).expand(batch_size, n_pi, z.shape[-1])
-            for t in range(horizon):
-                pi_actions[:, :, t] = model.pi_noisy(zp, eps_pi[:, :, t], s.min_std)
-                if t < horizon - 1:
-                    zp = model.next(zp, pi_actions[:, :, t])
-
+        eps_samples, eps_pi, eps_explore = self._split_noise(gauss)
+        pi_actions = self._policy_trajectories(model, z, eps_pi)
         # Warm start from the previous plan shifted by one step (its last step starts from 0).
-        mean = torch.zeros(batch_size, horizon, a_dim, device=device)
+        mean = torch.zeros(batch_size, s.horizon, self.action_dim, device=device)
         has_prev = self._has_prev[env_ids]
         shifted = torch.cat([self._prev_mean[env_ids, 1:], mean[:, :1]], dim=1)
         mean = torch.where(has_prev.view(-1, 1, 1), shifted, mean)
         std = torch.full_like(mean, s.max_std)
-
-        z_rows = z.repeat_interleave(n_s + n_pi, dim=0)  # (B * N, L): row b * N + n is env b's latent
-        z_sampled_rows = z.repeat_interleave(n_s, dim=0)  # (B * num_samples, L)
-        pi_value = None  # (B, num_pi_trajs): the policy trajectories' values, the same in every iteration
-        for i in range(s.iterations):
-            sampled = (mean.unsqueeze(1) + std.unsqueeze(1) * eps_samples[:, i]).clamp(-1, 1)
-            actions = torch.cat([sampled, pi_actions], dim=1)  # (B, N, H, A); values below (B, N)
-            if pi_value is None:
-                # Both kinds of candidates in one rollout, so the first iteration's rows are laid out as
-                # in every earlier planner (a batch of B * num_pi_trajs rows alone would take other kernels).
-                value = self.estimate_value(model, z_rows, actions.flatten(0, 1)).view(batch_size, -1)
-                pi_value = value[:, n_s:]
-            else:
-                sampled_value = self.estimate_value(model, z_sampled_rows, sampled.flatten(0, 1))
-                value = torch.cat([sampled_value.view(batch_size, n_s), pi_value], dim=1)
-            elite_value, elite_idx = value.topk(n_el, dim=1)  # (B, K)
-            elite_actions = actions.gather(
-                1, elite_idx.view(batch_size, n_el, 1, 1).expand(-1, -1, horizon, a_dim)
-            )
-            # Exponentiated, max-subtracted returns: MPPI's softmax weights over the elites.
-            score = torch.softmax(s.temperature * elite_value, dim=1)  # (B, K)
-            new_mean = einsum(score, elite_actions, "b k, b k h a -> b h a")
-            var = einsum(score, (elite_actions - new_mean.unsqueeze(1)) ** 2, "b k, b k h a -> b h a")
-            std = var.sqrt().clamp(self.std_floor, s.max_std)
-            mean = s.momentum * mean + (1 - s.momentum) * new_mean
+        mean, std, score, elite_actions = self._iterate(model, z, mean, std, eps_samples, pi_actions)
 
         if s.plan_action == "mean":
             plan = mean
@@ -258,6 +210,81 @@ class MPPIPlanner:
         self._prev_mean[env_ids] = mean
         self._has_prev[env_ids] = True
         return plan
+
+    def _split_noise(self, gauss: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """A planning call's Gaussian numbers (B, n_gauss) as `(sampling noise (B, iterations, num_samples, H,
+        A), policy-trajectory noise (B, num_pi_trajs, H, A), exploration noise (B, H, A))`, in that order."""
+        s, horizon, a_dim = self.s, self.s.horizon, self.action_dim
+        n_iter_noise = s.iterations * s.num_samples * horizon * a_dim
+        n_pi_noise = s.num_pi_trajs * horizon * a_dim
+        eps_samples = rearrange(
+            gauss[:, :n_iter_noise], "b (i n h a) -> b i n h a", i=s.iterations, n=s.num_samples, h=horizon
+        )
+        eps_pi = rearrange(
+            gauss[:, n_iter_noise : n_iter_noise + n_pi_noise],
+            "b (n h a) -> b n h a",
+            n=s.num_pi_trajs,
+            h=horizon,
+        )
+        eps_explore = rearrange(gauss[:, n_iter_noise + n_pi_noise :], "b (h a) -> b h a", h=horizon)
+        return eps_samples, eps_pi, eps_explore
+
+    def _policy_trajectories(self, model: WorldModel, z: Tensor, eps_pi: Tensor) -> Tensor:
+        """Action sequences (B, num_pi_trajs, H, A) of the policy prior (with a little noise, `eps_pi`) along
+        its own latent rollout from z (B, L): they seed the elites with good candidates."""
+        s, horizon = self.s, self.s.horizon
+        batch_size, n_pi = z.shape[0], s.num_pi_trajs
+        pi_actions = z.new_zeros(batch_size, n_pi, horizon, self.action_dim)
+        if n_pi > 0:
+            zp = z.unsqueeze(1).expand(batch_size, n_pi, z.shape[-1])
+            for t in range(horizon):
+                pi_actions[:, :, t] = model.pi_noisy(zp, eps_pi[:, :, t], s.min_std)
+                if t < horizon - 1:
+                    zp = model.next(zp, pi_actions[:, :, t])
+        return pi_actions
+
+    def _iterate(
+        self, model: WorldModel, z: Tensor, mean: Tensor, std: Tensor, eps_samples: Tensor, pi_actions: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+        """MPPI's iterations from the sampling distribution (`mean`, `std`, each (B, H, A)): sample around it,
+        value every candidate, refit it to the elites. Returns the final `(mean, std, score (B, K),
+        elite_actions (B, K, H, A))` (score and elites None without iterations)."""
+        s, batch_size, n_s = self.s, z.shape[0], self.s.num_samples
+        z_rows = z.repeat_interleave(
+            n_s + s.num_pi_trajs, dim=0
+        )  # (B * N, L): row b * N + n is env b's latent
+        z_sampled_rows = z.repeat_interleave(n_s, dim=0)  # (B * num_samples, L)
+        pi_value = None  # (B, num_pi_trajs): the policy trajectories' values, the same in every iteration
+        score = elite_actions = None
+        for i in range(s.iterations):
+            sampled = (mean.unsqueeze(1) + std.unsqueeze(1) * eps_samples[:, i]).clamp(-1, 1)
+            actions = torch.cat([sampled, pi_actions], dim=1)  # (B, N, H, A); values below (B, N)
+            if pi_value is None:
+                # Both kinds of candidates in one rollout, so the first iteration's rows are laid out as
+                # in every earlier planner (a batch of B * num_pi_trajs rows alone would take other kernels).
+                value = self.estimate_value(model, z_rows, actions.flatten(0, 1)).view(batch_size, -1)
+                pi_value = value[:, n_s:]
+            else:
+                sampled_value = self.estimate_value(model, z_sampled_rows, sampled.flatten(0, 1))
+                value = torch.cat([sampled_value.view(batch_size, n_s), pi_value], dim=1)
+            mean, std, score, elite_actions = self._refit(mean, value, actions)
+        return mean, std, score, elite_actions
+
+    def _refit(self, mean: Tensor, value: Tensor, actions: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """One refit to the elites: the `num_elites` best of the candidates `actions` (B, N, H, A) by `value`
+        (B, N), weighted by MPPI's softmax. Returns `(mean, std, score (B, K), elite_actions (B, K, H, A))`,
+        the mean moved from `mean` with the momentum."""
+        s, n_el = self.s, self.s.num_elites
+        elite_value, elite_idx = value.topk(n_el, dim=1)  # (B, K)
+        elite_actions = actions.gather(
+            1, elite_idx.view(value.shape[0], n_el, 1, 1).expand(-1, -1, *actions.shape[2:])
+        )
+        # Exponentiated, max-subtracted returns: MPPI's softmax weights over the elites.
+        score = torch.softmax(s.temperature * elite_value, dim=1)  # (B, K)
+        new_mean = einsum(score, elite_actions, "b k, b k h a -> b h a")
+        var = einsum(score, (elite_actions - new_mean.unsqueeze(1)) ** 2, "b k, b k h a -> b h a")
+        std = var.sqrt().clamp(self.std_floor, s.max_std)
+        return s.momentum * mean + (1 - s.momentum) * new_mean, std, score, elite_actions
 
     def estimate_value(self, model: WorldModel, z: Tensor, actions: Tensor) -> Tensor:
         """Discounted predicted rewards over the horizon plus the discounted terminal Q: the ensemble mean,

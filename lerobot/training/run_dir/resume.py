@@ -1,45 +1,27 @@
-"""A training run's directory: made or found, locked for the launch, and whether (and from what) it resumes.
+"""Whether a launch resumes its run directory, branches from another run's checkpoint or starts fresh, and
+what a resumed run must keep.
 
-    with run_directory(cfg) as (run_dir, resume_from):   # locked until the block ends, however it ends
-        ...                                              # read the data, restore, train
-
-The resume decision (`training.resume`): `auto` resumes from `checkpoints/last` when the directory holds one
-and starts fresh otherwise, so relaunching the same command after a preemption continues the run; `true`
-requires a checkpoint; `false` refuses a directory that holds one. A resumed run must have the config it was
-started with, except for the keys of `RESUMABLE_CHANGES`, and the data it was trained on
+The resume decision (`training.resume`, `resume_checkpoint`): `auto` resumes from `checkpoints/last` when the
+directory holds one and starts fresh otherwise, so relaunching the same command after a preemption continues
+the run; `true` requires a checkpoint; `false` refuses a directory that holds one. A resumed run must have the
+config it was started with, except for the keys of `RESUMABLE_CHANGES`, and the data it was trained on
 (`check_training_data`), unless `training.allow_other_data=true`. A new run may start from another run's
 checkpoint under a changed config (`training.init_from`, `branch_checkpoint`): a branch.
-
-A launch that fails before it has written anything of the run (no data, a bad checkpoint to branch from, a
-Ctrl-C during the data conversion) leaves nothing behind: the directories it made are removed again.
 """
 
 from __future__ import annotations
 
-import contextlib
-import datetime as dt
 import logging
-import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from lerobot import distributed
-from lerobot.checkpoints.run import (
-    TRAINING_STATE_FILE,
-    latest_checkpoint,
-    load_config,
-    read_data_fingerprint,
-    remove_stale_temporaries,
-    resolve_checkpoint_dir,
-    set_aside_strays,
-)
+from lerobot.checkpoints.run import load_config, read_data_fingerprint
+from lerobot.checkpoints.run_layout import latest_checkpoint, resolve_checkpoint_dir
+from lerobot.checkpoints.training_state import TRAINING_STATE_FILE
 from lerobot.config import config_differences
-from lerobot.errors import CheckpointError, ConfigError, RunDirError
-from lerobot.runtime.files import LOCK_FILE, RunLock
-from lerobot.training.metrics import CURVES_FILE, METRICS_FILE
+from lerobot.errors import CheckpointError, RunDirError
 
 log = logging.getLogger(__name__)
 
@@ -71,89 +53,6 @@ RESUMABLE_CHANGES = (
     "dataset.cache_dir",
     "inference.",
 )
-
-
-@contextlib.contextmanager
-def run_directory(cfg: DictConfig) -> Iterator[tuple[Path, Path | None]]:
-    """The run directory, owned by this launch until the block ends, and the checkpoint it continues from
-    (None: a fresh start); every process gets both, the main one makes, locks and reads the directory.
-
-    Without `output_dir` a new, timestamped directory is made (so nothing is resumed automatically) and
-    `cfg.output_dir` names it. The lock (`RunLock`) is taken before anything is read or written (stale
-    checkpoint temporaries are cleared, and files put where checkpoints were set aside, under it) and
-    released when the block ends, however it ends; `training.resume` decides between resuming and a fresh
-    start. When the block ends by an exception before anything of the run was written, what this launch
-    made is removed (`_undo_start`).
-    """
-    with contextlib.ExitStack() as owned:
-
-        def claim() -> tuple[Path, Path | None]:
-            run_dir = _name_run_dir(cfg)
-            made = _missing_dirs(run_dir)
-            before = set(os.listdir(run_dir)) if run_dir.is_dir() else set()
-            owned.enter_context(RunLock(run_dir))
-            # Runs before the lock is released (the stack unwinds in reverse).
-            owned.push(lambda typ, *_: typ is not None and _undo_start(run_dir, made, before))
-            # Before looking for checkpoints: a complete temporary may be put in place.
-            remove_stale_temporaries(run_dir)
-            set_aside_strays(run_dir)
-            resume_from = resume_checkpoint(cfg, run_dir)
-            if resume_from is None:
-                start = "new run"
-            elif resume_from.resolve().parent.parent == run_dir.resolve():  # `output_dir` may be relative
-                start = f"resuming from {resume_from.name}"
-            else:
-                start = f"a new run from {resume_from}"
-            log.info("run directory: %s (%s)", run_dir, start)
-            return run_dir, resume_from
-
-        yield distributed.on_main(claim)
-
-
-def _missing_dirs(run_dir: Path) -> list[Path]:
-    """`run_dir` and those of its parents that do not exist yet, deepest first: what a launch makes."""
-    missing, path = [], Path(os.path.abspath(run_dir))
-    while not path.exists():
-        missing.append(path)
-        path = path.parent
-    return missing
-
-
-def _undo_start(run_dir: Path, made: list[Path], before: set[str]) -> bool:
-    """After a launch into `run_dir` failed: when it added nothing of the run (no checkpoint, no metrics
-    record, no evaluation; only the lock file, an empty metrics file and the curves of no records), remove
-    what it added (never an entry of `before`, what the directory held already: a user's files, a lock file
-    left by an earlier run) and the directories of `made` (`_missing_dirs`). Returns False, so that the
-    exception goes on."""
-    try:
-        added = set(os.listdir(run_dir)) - before
-        if METRICS_FILE in added and (run_dir / METRICS_FILE).stat().st_size > 0:
-            return False
-        if not added <= {LOCK_FILE, CURVES_FILE, METRICS_FILE}:
-            return False
-        for name in added:
-            (run_dir / name).unlink()
-        for path in made:
-            path.rmdir()  # stops at the first that holds anything (OSError)
-        if made:
-            log.info("removed %s, which the failed launch had made", made[-1])
-    except OSError:
-        pass  # what cannot be removed stays; the launch's own error is what matters
-    return False
-
-
-def _name_run_dir(cfg: DictConfig) -> Path:
-    """`output_dir`, or a new timestamped directory under `outputs/train/` (which `cfg.output_dir` then names)."""
-    if cfg.output_dir is None:
-        if cfg.training.resume == "true":
-            raise ConfigError("training.resume=true needs output_dir=<run directory of the run to resume>")
-        now = dt.datetime.now()
-        cfg.output_dir = str(
-            Path("outputs/train")
-            / now.strftime("%Y-%m-%d")
-            / f"{now:%H-%M-%S}_{cfg.env.name}_{cfg.policy.name}"
-        )
-    return Path(cfg.output_dir)
 
 
 def resume_checkpoint(cfg: DictConfig, run_dir: Path) -> Path | None:
