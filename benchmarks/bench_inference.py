@@ -550,9 +550,9 @@ def parity(
     from lerobot.checkpoints.run_layout import resolve_checkpoint_dir
     from lerobot.cli.compose import checkpoint_config
     from lerobot.config import env_config
-    from lerobot.random_state import set_seed
     from lerobot.envs import make_env
     from lerobot.envs.observation import observation_to_batch
+    from lerobot.random_state import set_seed
     from lerobot.rollout import eval_policy
 
     ckpt = resolve_checkpoint_dir(checkpoint)
