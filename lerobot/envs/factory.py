@@ -29,7 +29,7 @@ from lerobot.constants import VISUAL
 from lerobot.envs.faults import close_now, first_workers, kill_workers, start_time, worker_call
 from lerobot.envs.worker import build_env, build_worker_env, env_module, registered_id
 from lerobot.errors import ConfigError, EnvWorkerError, RenderingError
-from lerobot.runtime.files import write_json
+from lerobot.runtime.files import user_cache_dir, write_json
 
 log = logging.getLogger(__name__)
 
@@ -290,8 +290,7 @@ def measure_vector_steps_per_s(env_cfg: EnvConfig, n_envs: int, use_async: bool,
 
 
 def _choice_cache_path() -> Path:
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "lerobot" / "vector_env_choice.json"
+    return user_cache_dir() / "vector_env_choice.json"
 
 
 @functools.cache

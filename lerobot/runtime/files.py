@@ -53,6 +53,12 @@ def path_within(root: Path | str, relative: str | Path) -> Path | None:
     return Path(root) / os.path.relpath(joined, base)  # `root` as the caller spells it
 
 
+def user_cache_dir() -> Path:
+    """This project's cache in the user's home: `$XDG_CACHE_HOME/lerobot`, else `~/.cache/lerobot`."""
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "lerobot"
+
+
 def temporary_sibling(path: Path) -> Path:
     """A fresh hidden name beside `path` (same folder, same suffix) for writing it atomically."""
     return path.with_name(f".{path.stem}.{os.getpid()}-{secrets.token_hex(4)}.tmp{path.suffix}")
