@@ -13,6 +13,7 @@ import torch
 from test_dataset import ZARR, write_fake_zarr
 from torch import Tensor
 
+from lerobot.checkpoints import from_pretrained, save_pretrained
 from lerobot.cli import compose_config, eval_main, train_main
 from lerobot.config import FeatureConfig, env_config
 from lerobot.constants import ACTION, ACTION_IS_PAD, LOSS_COUNT, OBS_ENV_STATE, OBS_IMAGE, OBS_STATE
@@ -21,7 +22,6 @@ from lerobot.policies.act.configuration import ACTConfig
 from lerobot.policies.act.modeling import LATENT_NOISE, ACTPolicy
 from lerobot.policies.act.transformer import Dropout, MultiheadAttention
 from lerobot.policies.images import resize
-from lerobot.policies.policy import Policy
 from lerobot.policy_registry import make_policy_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -459,10 +459,10 @@ def test_train_evaluate_and_load_from_the_run_dir(tmp_path, data_args):
     assert [e["n_steps"] for e in info["per_episode"]] == [8, 8]
     assert info["config"]["policy"]["name"] == "act"
 
-    policy = Policy.from_pretrained(run)
+    policy = from_pretrained(run)
     assert isinstance(policy, ACTPolicy) and not policy.training and policy.config.chunk_size == CHUNK
-    saved = policy.save_pretrained(tmp_path / "model")
-    loaded = ACTPolicy.from_pretrained(saved)
+    saved = save_pretrained(policy, tmp_path / "model")
+    loaded = from_pretrained(saved, policy_class=ACTPolicy)
     own, back = policy.state_dict(), loaded.state_dict()
     assert own.keys() == back.keys() and all(torch.equal(own[k], back[k]) for k in own)
     observation = {
@@ -474,7 +474,7 @@ def test_train_evaluate_and_load_from_the_run_dir(tmp_path, data_args):
     )
 
     # Ensembling is an evaluation-time override of a checkpoint trained without it.
-    ensembled = Policy.from_pretrained(run, temporal_ensemble_coeff=0.01, n_action_steps=1)
+    ensembled = from_pretrained(run, temporal_ensemble_coeff=0.01, n_action_steps=1)
     assert ensembled.temporal_ensemble_coeff == 0.01
     for _ in range(3):
         assert ensembled.select_action({k: v[:, 0] for k, v in observation.items()}).shape == (2, 2)

@@ -24,13 +24,13 @@ from test_diffusion import stats_for
 from test_train import TINY, TINY_IMAGE, data_args  # noqa: F401 (data_args: a pytest fixture)
 
 import lerobot.checkpoints.run_writer as run_writer
+from lerobot.checkpoints import from_pretrained, save_pretrained
 from lerobot.checkpoints.run import load_training_state
 from lerobot.checkpoints.run_layout import MODEL_FILE, checkpoint_dir, latest_checkpoint
 from lerobot.checkpoints.training_state import TRAINING_STATE_FILE
 from lerobot.cli import compose_config, eval_main, train_main
 from lerobot.config import env_config
 from lerobot.errors import CheckpointError, NonFiniteWeightsError, RunDirError
-from lerobot.policies.policy import Policy
 from lerobot.policy_registry import make_policy, make_policy_config
 from lerobot.training.run_dir import open_run_dir
 from lerobot.training.run_dir.lock import RunLock
@@ -353,7 +353,7 @@ def test_checkpoint_modes_follow_the_umask(tmp_path, umask):
     old = os.umask(umask)
     try:
         ckpt = tiny_checkpoint(tmp_path, 1)
-        pretrained = Policy.from_pretrained(ckpt).save_pretrained(tmp_path / "pretrained")
+        pretrained = save_pretrained(from_pretrained(ckpt), tmp_path / "pretrained")
     finally:
         os.umask(old)
     assert {"model.safetensors", "config.json", "config.yaml"} <= {p.name for p in ckpt.iterdir()}

@@ -11,7 +11,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from lerobot.checkpoints import load_for_run, locate
+from lerobot.checkpoints import load_for_run, locate, save_pretrained
 from lerobot.cli import compose_config, eval_main
 from lerobot.config import env_config
 from lerobot.policy_registry import make_policy, make_policy_config
@@ -175,7 +175,7 @@ def test_raw_weights_evaluates_the_optimizer_weights_of_an_ema_run(tmp_path, cap
     capsys.readouterr()  # the progress bar of that evaluation
     plain_cfg = compose_config(_TINY_ACT)
     plain = save_checkpoint(tmp_path / "plain", 3, policy, plain_cfg, {"model": raw, "ema": None})
-    pretrained = policy.save_pretrained(tmp_path / "pretrained", env_config(plain_cfg))
+    pretrained = save_pretrained(policy, tmp_path / "pretrained", env_config(plain_cfg))
     for argv, message in (
         (["--checkpoint", str(plain)], "trained without EMA"),
         (["--checkpoint", str(pretrained)], "pretrained directory"),

@@ -21,7 +21,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from lerobot.checkpoints import load_policy, read_spec, spec_policy_config
+from lerobot.checkpoints import from_pretrained, load_policy, read_spec, spec_policy_config
 from lerobot.checkpoints.hub import MODEL_FILE
 from lerobot.cli import eval_main
 from lerobot.errors import ConfigError, PretrainedError
@@ -59,9 +59,11 @@ def _check_against_reference(root: Path) -> dict[str, tuple[float, float]]:
     reference = load_file(root / "reference.safetensors")
     raw = {k.removeprefix("raw."): v[:, None] for k, v in reference.items() if k.startswith("raw.")}
     steps = {k.removeprefix("steps."): v for k, v in reference.items() if k.startswith("steps.observation")}
-    chunk = ACTPolicy.from_pretrained(root).predict_action_chunk(raw)  # (B, 1, ...): one observation step
-    plain = _executed(Policy.from_pretrained(root), steps)
-    ensembled = _executed(Policy.from_pretrained(root, **ENSEMBLING), steps)
+    chunk = from_pretrained(root, policy_class=ACTPolicy).predict_action_chunk(
+        raw
+    )  # (B, 1, ...): one observation step
+    plain = _executed(from_pretrained(root), steps)
+    ensembled = _executed(from_pretrained(root, **ENSEMBLING), steps)
     checks = {
         "action_chunk": (chunk, reference["action_chunk"]),
         "steps.actions": (plain, reference["steps.actions"]),
@@ -171,15 +173,15 @@ def test_the_image_checkpoint_evaluates_on_pusht(tmp_path):
 
 
 def test_load_time_overrides_are_validated():
-    policy = Policy.from_pretrained(KEYPOINTS, **ENSEMBLING)
+    policy = from_pretrained(KEYPOINTS, **ENSEMBLING)
     assert (policy.temporal_ensemble_coeff, policy.n_action_steps) == (0.01, 1)
     with pytest.raises(PretrainedError, match="temporal_ensemble_coeff=0.01") as error:
-        Policy.from_pretrained(KEYPOINTS, temporal_ensemble_coeff=0.01)
+        from_pretrained(KEYPOINTS, temporal_ensemble_coeff=0.01)
     assert "\n" not in str(error.value)
     with pytest.raises(PretrainedError, match="n_action_steps=11"):
-        Policy.from_pretrained(KEYPOINTS, n_action_steps=11)
+        from_pretrained(KEYPOINTS, n_action_steps=11)
     with pytest.raises(PretrainedError, match="shape mismatch"):  # an override changing the architecture
-        Policy.from_pretrained(KEYPOINTS, dim_model=64)
+        from_pretrained(KEYPOINTS, dim_model=64)
 
 
 def _edit_json(path: Path, **changes) -> None:

@@ -19,7 +19,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from lerobot.checkpoints import load_policy, read_spec, spec_policy_config
+from lerobot.checkpoints import from_pretrained, load_policy, read_spec, spec_policy_config
 from lerobot.checkpoints.hub import MODEL_FILE
 from lerobot.checkpoints.lerobot_diffusion import conditioning_order, rename
 from lerobot.cli import eval_main
@@ -45,7 +45,7 @@ def _check_against_reference(root: Path) -> dict[str, float]:
     reference = load_file(root / "reference.safetensors")
     seed = 1234  # scripts/make_lerobot_fixtures.py's default
     raw = {k.removeprefix("raw."): v for k, v in reference.items() if k.startswith("raw.")}
-    policy = DiffusionPolicy.from_pretrained(root)
+    policy = from_pretrained(root, policy_class=DiffusionPolicy)
     with torch.no_grad():
         normalized = policy.normalize_inputs(raw)
         global_cond = policy.global_conditioning(normalized)

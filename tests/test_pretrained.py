@@ -9,13 +9,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from lerobot.checkpoints import read_spec
+from lerobot.checkpoints import from_pretrained, read_spec, save_pretrained
 from lerobot.checkpoints.hub import CONFIG_JSON, MODEL_FILE
 from lerobot.cli import compose_config, eval_main
 from lerobot.config import env_config
 from lerobot.errors import ConfigError, PretrainedError
 from lerobot.policies.diffusion.modeling import DiffusionPolicy
-from lerobot.policies.policy import Policy
 from lerobot.policies.tdmpc.modeling import TDMPCPolicy
 from lerobot.policy_registry import make_policy, make_policy_config
 from lerobot.training import offline
@@ -68,7 +67,7 @@ def _chunk(policy: DiffusionPolicy, seed: int = 7) -> torch.Tensor:
 
 def test_save_then_load_gives_the_same_weights_and_actions(trained, tmp_path):
     policy, cfg = trained
-    out = policy.save_pretrained(tmp_path / "model", env_config(cfg))
+    out = save_pretrained(policy, tmp_path / "model", env_config(cfg))
     assert sorted(p.name for p in out.iterdir()) == [CONFIG_JSON, MODEL_FILE]
     config = json.loads((out / CONFIG_JSON).read_text())
     assert config["type"] == "diffusion" and config["env"]["name"] == "pusht_keypoints"
@@ -76,7 +75,7 @@ def test_save_then_load_gives_the_same_weights_and_actions(trained, tmp_path):
     # The normalization statistics travel in the weights file.
     assert "normalize_inputs.stats.observation_state.min" in load_file(out / MODEL_FILE)
 
-    loaded = DiffusionPolicy.from_pretrained(out)
+    loaded = from_pretrained(out, policy_class=DiffusionPolicy)
     assert not loaded.training
     own, back = policy.state_dict(), loaded.state_dict()
     assert own.keys() == back.keys() and all(torch.equal(own[k], back[k]) for k in own)
@@ -91,21 +90,21 @@ def test_a_directory_saved_with_the_inference_settings_in_the_policy_loads(train
     """`config.json` written while the inference settings were the policy's (`policy.inference`): they are
     an evaluation's choice now (the run config's `inference`), so the saved policy loads without them."""
     policy, cfg = trained
-    out = policy.save_pretrained(tmp_path / "model", env_config(cfg))
+    out = save_pretrained(policy, tmp_path / "model", env_config(cfg))
     config = json.loads((out / CONFIG_JSON).read_text())
     config["policy"]["inference"] = dict(fast=True, dtype="bfloat16", int8_weights=False, compile=False)
     (out / CONFIG_JSON).write_text(json.dumps(config))
     assert "inference" not in read_spec(out).policy
-    assert torch.equal(_chunk(Policy.from_pretrained(out)), _chunk(policy))
+    assert torch.equal(_chunk(from_pretrained(out)), _chunk(policy))
 
 
 def test_loading_through_the_base_class_and_a_wrong_subclass(trained, tmp_path):
     policy, _ = trained
-    policy.save_pretrained(tmp_path / "model")  # no env recorded
+    save_pretrained(policy, tmp_path / "model")  # no env recorded
     assert read_spec(tmp_path / "model").env is None
-    assert isinstance(Policy.from_pretrained(tmp_path / "model"), DiffusionPolicy)
+    assert isinstance(from_pretrained(tmp_path / "model"), DiffusionPolicy)
     with pytest.raises(PretrainedError, match="holds a DiffusionPolicy, not a TDMPCPolicy"):
-        TDMPCPolicy.from_pretrained(tmp_path / "model")
+        from_pretrained(tmp_path / "model", policy_class=TDMPCPolicy)
 
 
 def test_training_checkpoints_are_pretrained_directories(trained, tmp_path):
@@ -114,7 +113,7 @@ def test_training_checkpoints_are_pretrained_directories(trained, tmp_path):
     update = TrainStep(policy, policy.config, cfg.training, total_updates=1)
     offline.save(RunDir(tmp_path / "run", cfg, resume_from=None), 5, policy, update)
     ckpt = tmp_path / "run" / "checkpoints" / "000000005"
-    loaded = Policy.from_pretrained(ckpt)
+    loaded = from_pretrained(ckpt)
     saved = load_file(ckpt / MODEL_FILE)
     assert all(torch.equal(saved[k], v) for k, v in loaded.state_dict().items())
     assert read_spec(ckpt).env["name"] == "pusht_keypoints"
@@ -126,20 +125,20 @@ def test_from_pretrained_takes_a_run_directory_and_validated_overrides(trained, 
     policy, cfg = trained
     update = TrainStep(policy, policy.config, cfg.training, total_updates=1)
     offline.save(RunDir(tmp_path / "run", cfg, resume_from=None), 5, policy, update)
-    policy.save_pretrained(tmp_path / "model")
+    save_pretrained(policy, tmp_path / "model")
     for path in (tmp_path / "run", tmp_path / "model"):
-        loaded = Policy.from_pretrained(path, n_action_steps=2)
+        loaded = from_pretrained(path, n_action_steps=2)
         assert loaded.n_action_steps == 2 and loaded.config.n_action_steps == 2
         assert torch.equal(_chunk(loaded), _chunk(policy))
     with pytest.raises(PretrainedError, match="n_action_steps"):
-        Policy.from_pretrained(tmp_path / "model", n_action_steps=0)
+        from_pretrained(tmp_path / "model", n_action_steps=0)
     with pytest.raises(ConfigError, match="n_action_steps"):
-        Policy.from_pretrained(tmp_path / "run", n_action_steps=0)
+        from_pretrained(tmp_path / "run", n_action_steps=0)
 
 
 def test_evaluating_a_saved_directory_uses_its_recorded_env(trained, tmp_path):
     policy, cfg = trained
-    policy.save_pretrained(tmp_path / "model", env_config(cfg))
+    save_pretrained(policy, tmp_path / "model", env_config(cfg))
     out = tmp_path / "eval"
     args = ["eval.n_episodes=2", "eval.batch_size=2", "eval.use_async_envs=false"]
     args += ["eval.max_episodes_rendered=0", "env.max_episode_steps=6", "--output-dir", str(out)]
@@ -162,7 +161,7 @@ def _offline_hub(monkeypatch, tmp_path) -> Path:
 def test_a_missing_repo_offline_is_one_line_naming_it(monkeypatch, tmp_path, capsys):
     cache = _offline_hub(monkeypatch, tmp_path)
     with pytest.raises(PretrainedError) as error:
-        Policy.from_pretrained("someone/no-such-policy")
+        from_pretrained("someone/no-such-policy")
     message = str(error.value)
     assert "\n" not in message and "'someone/no-such-policy'" in message
     assert "HF_HUB_OFFLINE" in message and str(cache) in message
@@ -174,10 +173,10 @@ def test_a_cached_repo_loads_offline(trained, monkeypatch, tmp_path):
     cache = _offline_hub(monkeypatch, tmp_path)
     commit = "0123456789abcdef0123456789abcdef01234567"
     repo = cache / "models--someone--tiny-policy"
-    policy.save_pretrained(repo / "snapshots" / commit, env_config(cfg))
+    save_pretrained(policy, repo / "snapshots" / commit, env_config(cfg))
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(commit)
-    loaded = Policy.from_pretrained("someone/tiny-policy")
+    loaded = from_pretrained("someone/tiny-policy")
     assert torch.equal(_chunk(policy), _chunk(loaded))
 
 
@@ -192,13 +191,13 @@ def test_a_cached_repo_loads_offline(trained, monkeypatch, tmp_path):
 )
 def test_broken_directories_fail_with_one_line(trained, tmp_path, mutate, message):
     policy, _ = trained
-    policy.save_pretrained(tmp_path / "model")
+    save_pretrained(policy, tmp_path / "model")
     mutate(tmp_path / "model")
     with pytest.raises(PretrainedError, match=message) as error:
-        Policy.from_pretrained(tmp_path / "model")
+        from_pretrained(tmp_path / "model")
     assert "\n" not in str(error.value)
 
 
 def test_a_missing_local_path_is_not_taken_for_a_repo(tmp_path):
     with pytest.raises(PretrainedError, match="does not exist"):
-        Policy.from_pretrained(str(tmp_path / "outputs" / "nothing"))
+        from_pretrained(str(tmp_path / "outputs" / "nothing"))

@@ -300,8 +300,8 @@ torch.manual_seed(0)
 tiny_checkpoint(out / "run", 1)
 torch.manual_seed(0)
 tiny_checkpoint(out / "run", 2)
-from lerobot.policies.policy import Policy
-Policy.from_pretrained(out / "run").save_pretrained(out / "pretrained")
+from lerobot.checkpoints import from_pretrained, save_pretrained
+save_pretrained(from_pretrained(out / "run"), out / "pretrained")
 """
 
 

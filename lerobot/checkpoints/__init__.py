@@ -1,4 +1,5 @@
-"""Every checkpoint format, behind one `load_policy(path)`.
+"""Every checkpoint format, behind one `load_policy(path)`; `from_pretrained` (the same, with a class check)
+and `save_pretrained(policy, directory)` are the user's pair.
 
 - a training run's checkpoints (`run_dir/checkpoints/<step>/`: weights, the whole run config, the training
   state to resume from, checksums): where they live and which is a run's latest (`run_layout`), one written
@@ -26,6 +27,7 @@ from torch import nn
 
 from lerobot.checkpoints import hub, lerobot_act, lerobot_diffusion, run
 from lerobot.checkpoints.hub import CONFIG_JSON, LEROBOT_MODEL_DIR, PretrainedSpec
+from lerobot.checkpoints.hub import save_pretrained as save_pretrained
 from lerobot.checkpoints.run_layout import CONFIG_FILE, resolve_checkpoint_dir
 from lerobot.config import EnvConfig, PolicyConfig, env_config, policy_config
 from lerobot.errors import ConfigError, PretrainedError
@@ -125,6 +127,23 @@ def load_policy(
         spec = read_spec(source.path)
         policy = load_weights(spec, spec_policy_config(spec, overrides))
     return policy.to(device).eval()
+
+
+def from_pretrained(
+    path_or_repo_id: str | Path,
+    device: str | torch.device = "cpu",
+    revision: str | None = None,
+    policy_class: type[nn.Module] | None = None,
+    **overrides: Any,
+) -> nn.Module:
+    """`load_policy`, checking the policy is a `policy_class` when one is given (e.g.
+    `from_pretrained("user/repo", policy_class=DiffusionPolicy)`)."""
+    policy = load_policy(path_or_repo_id, device=device, revision=revision, **overrides)
+    if policy_class is not None and not isinstance(policy, policy_class):
+        raise PretrainedError(
+            f"{path_or_repo_id} holds a {type(policy).__name__}, not a {policy_class.__name__}"
+        )
+    return policy
 
 
 def checkpoint_record(source: Source, raw_weights: bool = False) -> dict[str, Any]:

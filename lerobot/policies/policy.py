@@ -3,27 +3,27 @@
 A subclass implements `predict_action_chunk` (acting) and `forward` (training loss); everything that turns
 chunks into one action per env step lives here, once: `Policy` holds the per-env acting state, whose rules
 are in `lerobot.policies.acting`.
+
+A policy knows nothing of files: `lerobot.checkpoints.from_pretrained` and `save_pretrained` load and save
+any policy (the registry builds it by name).
 """
 
 from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
-from lerobot.checkpoints import hub, load_policy
-from lerobot.errors import PretrainedError
 from lerobot.policies.acting import ActingState, episode_stream
 
 __all__ = ["Policy", "acting_settings", "episode_stream"]  # `episode_stream` is imported from here too
 
 if TYPE_CHECKING:
-    from lerobot.config import EnvConfig, PolicyConfig
+    from lerobot.config import PolicyConfig
 
 
 def acting_settings(config: PolicyConfig) -> dict[str, Any]:
@@ -121,30 +121,6 @@ class Policy(nn.Module, abc.ABC):
     def optimizer_param_groups(self) -> list[dict]:
         """Parameter groups for the optimizer; by default one group of every trainable parameter."""
         return [{"params": [p for p in self.parameters() if p.requires_grad]}]
-
-    # ----------------------------------------------------------------- hub layout
-    @classmethod
-    def from_pretrained(
-        cls,
-        path_or_repo_id: str | Path,
-        device: str | torch.device = "cpu",
-        revision: str | None = None,
-        **overrides: Any,
-    ) -> Policy:
-        """The policy saved in a directory or hub repo (a run directory or checkpoint, this project's hub
-        layout, or a LeRobot `pretrained_model`), in eval mode on `device`, with `overrides` of its config
-        fields applied and validated (e.g. `n_action_steps=1`). Called on a subclass, the saved policy must be
-        one of it. See `lerobot.checkpoints.load_policy`."""
-        policy = load_policy(path_or_repo_id, device=device, revision=revision, **overrides)
-        if not isinstance(policy, cls):
-            raise PretrainedError(f"{path_or_repo_id} holds a {type(policy).__name__}, not a {cls.__name__}")
-        return policy
-
-    def save_pretrained(self, save_dir: str | Path, env_cfg: EnvConfig | None = None) -> Path:
-        """Write `config.json` and `model.safetensors` (weights and normalization statistics) into
-        `save_dir`; `env_cfg`, when given, is recorded so that evaluation needs no env name. Returns
-        `save_dir`."""
-        return hub.save_pretrained(self, save_dir, env_cfg)
 
     # ----------------------------------------------------------------- acting (rules: `ActingState`)
     @property
