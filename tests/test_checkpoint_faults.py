@@ -27,6 +27,7 @@ import lerobot.checkpoints.run_writer as run_writer
 from lerobot.checkpoints import from_pretrained, save_pretrained
 from lerobot.checkpoints.run import load_training_state
 from lerobot.checkpoints.run_layout import MODEL_FILE, checkpoint_dir, latest_checkpoint
+from lerobot.checkpoints.run_writer import checkpoint_files
 from lerobot.checkpoints.training_state import TRAINING_STATE_FILE
 from lerobot.cli import compose_config, eval_main, train_main
 from lerobot.config import env_config
@@ -57,7 +58,7 @@ def tiny_checkpoint(
     policy_cfg = make_policy_config(cfg.policy, env_config(cfg))
     policy = make_policy(policy_cfg, dataset_stats=stats_for(policy_cfg))
     state = {"model": policy.state_dict(), "step": step}
-    return save_checkpoint(run_dir, step, policy, cfg, training_state=state, lock=lock)
+    return save_checkpoint(run_dir, checkpoint_files(step, policy, cfg, training_state=state), lock=lock)
 
 
 def as_older_version(ckpt: Path) -> None:
@@ -240,7 +241,7 @@ def test_non_finite_weights_are_never_saved(tmp_path):
     with torch.no_grad():
         next(policy.parameters())[0] = float("inf")
     with pytest.raises(NonFiniteWeightsError, match="checkpoint 000000002: the weights after step 2"):
-        save_checkpoint(tmp_path, 2, policy, cfg)
+        save_checkpoint(tmp_path, checkpoint_files(2, policy, cfg))
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["000000001", "last"]
 
 

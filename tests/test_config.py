@@ -10,6 +10,7 @@ from omegaconf import OmegaConf
 from lerobot import policy_registry
 from lerobot.checkpoints.run import load_config
 from lerobot.checkpoints.run_layout import CONFIG_FILE
+from lerobot.checkpoints.run_writer import checkpoint_files
 from lerobot.cli import compose_config
 from lerobot.cli.compose import hydra_overrides
 from lerobot.config import (
@@ -81,7 +82,7 @@ def test_composed_and_saved_config_hold_every_field(name, tmp_path):
         assert set(cfg[section]) == {f.name for f in fields(cls)}
     if name in ("random", "pusht_scripted"):
         policy = make_policy(make_policy_config(cfg.policy, env_config(cfg)))
-        ckpt = save_checkpoint(tmp_path, 0, policy, cfg)
+        ckpt = save_checkpoint(tmp_path, checkpoint_files(0, policy, cfg))
         saved = OmegaConf.load(ckpt / CONFIG_FILE)
         assert set(saved.policy) == want and saved.eval.schedule == "refill_aligned"
         assert load_config(ckpt) == cfg
@@ -149,7 +150,7 @@ def test_the_former_policy_name_scripted_still_works(tmp_path, caplog):
     assert [r.getMessage() for r in caplog.records] == [
         "policy=scripted is now policy=pusht_scripted; the old name still works"
     ]
-    ckpt = save_checkpoint(tmp_path, 0, make_policy(policy_config(cfg)), cfg)
+    ckpt = save_checkpoint(tmp_path, checkpoint_files(0, make_policy(policy_config(cfg)), cfg))
     saved = OmegaConf.load(ckpt / CONFIG_FILE)
     assert (saved.env.gym_id, saved.env.fps, saved.env.max_episode_steps) == ("gym_pusht/PushT-v0", 10, 300)
     saved.policy.name = "scripted"  # as a checkpoint saved before the rename holds it

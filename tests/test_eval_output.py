@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from lerobot.checkpoints.run_writer import checkpoint_files
 from lerobot.cli import compose_config, eval_main, train_main
 from lerobot.config import env_config
 from lerobot.evaluation import evaluate
@@ -112,7 +113,7 @@ def test_bad_eval_value_is_one_line_and_writes_nothing(override, message, tmp_pa
 def test_bad_eval_value_with_a_checkpoint_or_in_training_stops_at_start(tmp_path, capsys):
     cfg = compose_config(["policy=pusht_scripted", "env=pusht_keypoints"])
     policy = make_policy(make_policy_config(cfg.policy, env_config(cfg)))
-    save_checkpoint(tmp_path / "run", 0, policy, cfg)
+    save_checkpoint(tmp_path / "run", checkpoint_files(0, policy, cfg))
     args = ["--checkpoint", str(tmp_path / "run"), "eval.start_seed=-3", "--output-dir", str(tmp_path / "e")]
     assert eval_main(args) == 2
     assert "eval.start_seed=-3 must be 0 or a positive number" in one_line(capsys)

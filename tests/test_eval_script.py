@@ -12,6 +12,7 @@ import torch
 from omegaconf import OmegaConf
 
 from lerobot.checkpoints import load_for_run, locate, save_pretrained
+from lerobot.checkpoints.run_writer import checkpoint_files
 from lerobot.cli import compose_config, eval_main
 from lerobot.config import env_config
 from lerobot.policy_registry import make_policy, make_policy_config
@@ -48,7 +49,7 @@ def test_eval_checkpoint_round_trip(tmp_path):
     """A checkpoint written by save_checkpoint evaluates through the CLI; the wrong env is refused."""
     cfg = compose_config(["policy=pusht_scripted", "env=pusht_keypoints", "env.max_episode_steps=10"])
     policy = make_policy(make_policy_config(cfg.policy, env_config(cfg)))
-    ckpt = save_checkpoint(tmp_path / "run", 0, policy, cfg)
+    ckpt = save_checkpoint(tmp_path / "run", checkpoint_files(0, policy, cfg))
     assert (
         eval_main(
             [
@@ -101,7 +102,7 @@ def test_bad_input_gives_one_clear_line(args, message, capsys):
 def test_corrupt_checkpoint_is_reported(tmp_path, capsys):
     cfg = compose_config(["policy=random", "env=pusht_keypoints"])
     policy = make_policy(make_policy_config(cfg.policy, env_config(cfg)))
-    ckpt = save_checkpoint(tmp_path, 0, policy, cfg)
+    ckpt = save_checkpoint(tmp_path, checkpoint_files(0, policy, cfg))
     (ckpt / "model.safetensors").write_bytes(b"garbage")
     assert eval_main(["--checkpoint", str(ckpt)]) == 2
     assert "corrupt" in capsys.readouterr().err
@@ -114,14 +115,14 @@ def test_corrupt_checkpoint_is_reported(tmp_path, capsys):
 def test_checkpoint_save_is_atomic(tmp_path, monkeypatch):
     cfg = compose_config(["policy=random", "env=pusht_keypoints"])
     policy = make_policy(make_policy_config(cfg.policy, env_config(cfg)))
-    save_checkpoint(tmp_path, 1, policy, cfg)
+    save_checkpoint(tmp_path, checkpoint_files(1, policy, cfg))
 
     def boom(*args, **kwargs):
         raise OSError("disk full")
 
     monkeypatch.setattr(torch, "save", boom)
     with pytest.raises(OSError):
-        save_checkpoint(tmp_path, 2, policy, cfg, training_state={"step": 2})
+        save_checkpoint(tmp_path, checkpoint_files(2, policy, cfg, training_state={"step": 2}))
     names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
     assert names == ["000000001", "last"]
     assert (tmp_path / "checkpoints" / "last").resolve().name == "000000001"
@@ -155,7 +156,9 @@ def test_raw_weights_evaluates_the_optimizer_weights_of_an_ema_run(tmp_path, cap
     raw = {k: v.clone() for k, v in policy.state_dict().items()}
     averaged = {k: v + 0.5 if v.is_floating_point() else v for k, v in raw.items()}
     ema_state = {"model": raw, "ema": {"shadow_params": list(averaged.values())}}
-    ckpt = save_checkpoint(tmp_path / "ema", 3, policy, cfg, ema_state, eval_state_dict=averaged)
+    ckpt = save_checkpoint(
+        tmp_path / "ema", checkpoint_files(3, policy, cfg, ema_state, eval_state_dict=averaged)
+    )
     source = locate(ckpt)
     for use_raw, expected in ((False, averaged), (True, raw)):
         loaded = load_for_run(source, cfg, raw_weights=use_raw).state_dict()
@@ -174,7 +177,9 @@ def test_raw_weights_evaluates_the_optimizer_weights_of_an_ema_run(tmp_path, cap
 
     capsys.readouterr()  # the progress bar of that evaluation
     plain_cfg = compose_config(_TINY_ACT)
-    plain = save_checkpoint(tmp_path / "plain", 3, policy, plain_cfg, {"model": raw, "ema": None})
+    plain = save_checkpoint(
+        tmp_path / "plain", checkpoint_files(3, policy, plain_cfg, {"model": raw, "ema": None})
+    )
     pretrained = save_pretrained(policy, tmp_path / "pretrained", env_config(plain_cfg))
     for argv, message in (
         (["--checkpoint", str(plain)], "trained without EMA"),

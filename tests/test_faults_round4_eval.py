@@ -22,6 +22,7 @@ from test_plot_runs import plot_runs, write_run
 from toy_env import make_toy
 
 from lerobot.checkpoints.run_layout import MODEL_FILE, checkpoint_dir
+from lerobot.checkpoints.run_writer import checkpoint_files
 from lerobot.cli import compose_config, eval_main, train_main
 from lerobot.config import CONFIG_DIR, EnvConfig, env_config
 from lerobot.envs import factory
@@ -79,7 +80,7 @@ def test_raw_weights_are_recorded_as_raw(tmp_path, capsys):
     policy = make_policy(policy_cfg, dataset_stats=stats_for(policy_cfg))
     raw = policy.state_dict()
     state = {"model": raw, "ema": {"shadow_params": list(raw.values())}, "step": 6}
-    ckpt = save_checkpoint(tmp_path / "run", 6, policy, cfg, state)
+    ckpt = save_checkpoint(tmp_path / "run", checkpoint_files(6, policy, cfg, state))
     out = tmp_path / "eval"
     assert eval_main(["--checkpoint", str(ckpt), "--raw-weights", *QUICK_EVAL, "--output-dir", str(out)]) == 0
     recorded = json.loads((out / "eval_info.json").read_text())["checkpoint"]

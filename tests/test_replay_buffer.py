@@ -68,9 +68,9 @@ def collect(
     obs, _ = env.reset()
     for step in range(n_steps):
         action = np.full((len(scripts), 1), step / 100, dtype=np.float32)
-        next_obs, reward, term, trunc, info = env.step(action)
-        buffer.add_env_step(obs, action, reward, next_obs, term, trunc, info, mode, to_batch)
-        obs = next_obs
+        result = env.step(action)
+        buffer.add_env_step(obs, action, result, mode, to_batch)
+        obs = result[0]
     env.close()
     return buffer
 

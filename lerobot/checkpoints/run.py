@@ -24,11 +24,8 @@ from torch import nn
 from lerobot.checkpoints.run_layout import (
     CONFIG_FILE,
     DATA_FINGERPRINT_FILE,
-    META_CHECKSUMS,
-    META_ENV,
-    META_FEATURES,
-    META_POLICY,
     MODEL_FILE,
+    Meta,
     other_checkpoints_hint,
     resolve_checkpoint_dir,
 )
@@ -64,7 +61,7 @@ def _records_checksums(ckpt_dir: Path) -> bool:
         return False
     try:
         with safe_open(path, framework="pt") as f:
-            return META_CHECKSUMS in (f.metadata() or {})
+            return Meta.CHECKSUMS in (f.metadata() or {})
     except Exception:  # a corrupt header: reading the weights reports it
         return False
 
@@ -157,8 +154,8 @@ def check_features(ckpt_dir: Path, cfg: DictConfig) -> None:
     weights were trained with and what the env of `cfg` provides (or that only one side has)."""
     ckpt_dir = Path(ckpt_dir)
     meta = weights_metadata(ckpt_dir) if (ckpt_dir / MODEL_FILE).exists() else {}
-    if META_FEATURES in meta:
-        want, trained_env = json.loads(meta[META_FEATURES]), meta.get(META_ENV, "?")
+    if Meta.FEATURES in meta:
+        want, trained_env = json.loads(meta[Meta.FEATURES]), meta.get(Meta.ENV, "?")
     else:  # saved before the weights recorded their features: the config is the record
         trained = load_config(ckpt_dir)
         want = {k: list(v.shape) for k, v in env_config(trained).features.items()}
@@ -205,7 +202,7 @@ def load_run_policy(
         if k in state and state[k].shape != v.shape
     ]
     if differ:
-        saved = json.loads(metadata[META_POLICY]) if META_POLICY in metadata else None
+        saved = json.loads(metadata[Meta.POLICY]) if Meta.POLICY in metadata else None
         if saved is None:  # older checkpoint: compare with its config.yaml (catches command-line overrides)
             saved = policy_section(load_config(ckpt_dir))
         fields = config_differences(saved, policy_section(cfg), prefix="policy.")

@@ -37,10 +37,15 @@ CHECKPOINTS_DIR = "checkpoints"
 LAST_LINK = "last"
 # Keys of the weights' header metadata. `lerobot.checksums` names the checksums file the checkpoint was
 # saved with, so that a deleted one is an error, not a silent downgrade to unverified reading.
-META_POLICY = "lerobot.policy"
-META_FEATURES = "lerobot.features"
-META_ENV = "lerobot.env"
-META_CHECKSUMS = "lerobot.checksums"
+
+
+class Meta:
+    """Keys of the weights' header metadata."""
+
+    POLICY = "lerobot.policy"
+    FEATURES = "lerobot.features"
+    ENV = "lerobot.env"
+    CHECKSUMS = "lerobot.checksums"
 
 
 def checkpoint_dir(run_dir: Path, step: int) -> Path:

@@ -39,11 +39,8 @@ from lerobot.checkpoints.run import raise_if_non_finite
 from lerobot.checkpoints.run_layout import (
     CONFIG_FILE,
     DATA_FINGERPRINT_FILE,
-    META_CHECKSUMS,
-    META_ENV,
-    META_FEATURES,
-    META_POLICY,
     MODEL_FILE,
+    Meta,
     checkpoint_dir,
     latest_checkpoint,
 )
@@ -237,10 +234,10 @@ def _weights_metadata(cfg: DictConfig, policy_cfg: PolicyConfig) -> dict[str, st
     that the checkpoint has checksums. Keys sorted, so that the same content gives the same bytes."""
     features = {k: list(v.shape) for k, v in env_config(cfg).features.items()}
     return {
-        META_POLICY: json.dumps(policy_fields(policy_cfg), sort_keys=True),
-        META_FEATURES: json.dumps(features, sort_keys=True),
-        META_ENV: str(cfg.env.name),
-        META_CHECKSUMS: CHECKSUMS_FILE,
+        Meta.POLICY: json.dumps(policy_fields(policy_cfg), sort_keys=True),
+        Meta.FEATURES: json.dumps(features, sort_keys=True),
+        Meta.ENV: str(cfg.env.name),
+        Meta.CHECKSUMS: CHECKSUMS_FILE,
     }
 
 

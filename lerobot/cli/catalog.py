@@ -187,6 +187,31 @@ def config_dirs(argv: Sequence[str] | None) -> list[Path]:
     return [CONFIG_DIR, *known.config_dir]
 
 
+def command_parser(
+    description: str,
+    argv: Sequence[str] | None,
+    settings: Sequence[tuple[str, str]],
+    examples: Sequence[str],
+    experiments: bool = True,
+) -> argparse.ArgumentParser:
+    """The parser of a command composed by Hydra (train, eval): `--help` lists the catalog (`catalog`), and
+    it takes `--config-dir` and Hydra's flags (`add_hydra_flags`)."""
+    parser = argparse.ArgumentParser(
+        description=description,
+        epilog=catalog(config_dirs(argv), settings, examples, experiments=experiments),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--config-dir",
+        type=Path,
+        action="append",
+        default=[],
+        help="extra config directory with env/, policy/ and experiment/ YAML files (repeatable)",
+    )
+    add_hydra_flags(parser)
+    return parser
+
+
 def add_hydra_flags(parser: argparse.ArgumentParser) -> None:
     """`--cfg job`, `--info` and `--hydra-help` (Hydra's flags of the same names, as far as they apply)."""
     parser.add_argument(

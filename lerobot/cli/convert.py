@@ -36,13 +36,9 @@ def _convert(argv: list[str] | None) -> int:
         ),
         epilog="example: python scripts/convert_checkpoint.py outputs/train/my_run --trust-pickle",
     )
+    parser.add_argument("path", type=Path, help="a checkpoint directory, or a run directory (all of its)")
     parser.add_argument(
-        "path", type=Path, help="a checkpoint directory, or a run directory (all its checkpoints)"
-    )
-    parser.add_argument(
-        "--trust-pickle",
-        action="store_true",
-        help="you made these files: unpickling them (which runs any code they hold) is safe",
+        "--trust-pickle", action="store_true", help="you made these files: unpickling is safe"
     )
     args = parser.parse_args(argv)
     checkpoints = _checkpoints(args.path)

@@ -23,18 +23,9 @@ from omegaconf import DictConfig
 from lerobot import distributed, random_state
 from lerobot.checkpoints import Source, checkpoint_record, load_for_run, locate, read_spec
 from lerobot.checkpoints.run import load_config
-from lerobot.cli.catalog import (
-    EVAL_SETTINGS,
-    HYDRA_HELP,
-    add_hydra_flags,
-    catalog,
-    config_dirs,
-    config_yaml,
-    info_text,
-)
+from lerobot.cli.catalog import EVAL_SETTINGS, HYDRA_HELP, command_parser, config_dirs, config_yaml, info_text
 from lerobot.cli.compose import checkpoint_config, compose_config, pretrained_config
 from lerobot.cli.exit import log_above_progress_bars, run_command
-from lerobot.cli.train import add_config_dir_argument
 from lerobot.config import env_config, policy_config
 from lerobot.constants import EVAL_INFO_FILE
 from lerobot.errors import ConfigError, RunDirError
@@ -123,11 +114,7 @@ EXAMPLES = (
 
 
 def _eval(argv: list[str] | None) -> int:
-    parser = argparse.ArgumentParser(
-        description=DESCRIPTION,
-        epilog=catalog(config_dirs(argv), EVAL_SETTINGS, EXAMPLES, experiments=False),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = command_parser(DESCRIPTION, argv, EVAL_SETTINGS, EXAMPLES, experiments=False)
     parser.add_argument(
         "--checkpoint",
         type=Path,
@@ -146,8 +133,6 @@ def _eval(argv: list[str] | None) -> int:
         action="store_true",
         help="evaluate the optimizer's own weights of a run trained with EMA, not the averaged ones",
     )
-    add_config_dir_argument(parser)
-    add_hydra_flags(parser)
     parser.add_argument("overrides", nargs="*", help="e.g. eval.n_episodes=50 eval.batch_size=10 device=cpu")
     args = parser.parse_intermixed_args(argv)
     if args.hydra_help:

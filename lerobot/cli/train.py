@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import shlex
 import sys
@@ -13,8 +12,7 @@ from lerobot.checkpoints.run_layout import latest_checkpoint
 from lerobot.cli.catalog import (
     HYDRA_HELP,
     TRAIN_SETTINGS,
-    add_hydra_flags,
-    catalog,
+    command_parser,
     config_dirs,
     config_yaml,
     info_text,
@@ -42,13 +40,7 @@ EXAMPLES = (
 
 
 def _train(argv: list[str] | None) -> int:
-    parser = argparse.ArgumentParser(
-        description=DESCRIPTION,
-        epilog=catalog(config_dirs(argv), TRAIN_SETTINGS, EXAMPLES),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_config_dir_argument(parser)
-    add_hydra_flags(parser)
+    parser = command_parser(DESCRIPTION, argv, TRAIN_SETTINGS, EXAMPLES)
     parser.add_argument(
         "-m",
         "--multirun",
@@ -115,16 +107,6 @@ def _train(argv: list[str] | None) -> int:
     if distributed.is_main():
         print(f"run directory: {run_dir}")
     return 0
-
-
-def add_config_dir_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--config-dir",
-        type=Path,
-        action="append",
-        default=[],
-        help="extra config directory with env/, policy/ and experiment/ YAML files (repeatable)",
-    )
 
 
 def train_main(argv: list[str] | None = None) -> int:

@@ -396,43 +396,27 @@ def make_dataloader(
     dataset: Dataset,
     batch_size: int,
     num_workers: int = 0,
-    shuffle: bool = True,
     seed: int = 0,
-    drop_last: bool = True,
     pin_memory: bool = False,
-    start_step: int = 0,
-    num_steps: int | None = None,
-    infinite: bool = False,
-    shard: tuple[int, int] = (0, 1),
+    **order: Any,
 ) -> DataLoader:
     """A DataLoader whose batches are fixed by `(seed, step)` (see `StepBatchSampler` and the module doc).
 
     Args:
         dataset: an `EpisodeDataset` (batched `__getitems__`) or any map-style dataset.
-        batch_size, num_workers, shuffle, drop_last, pin_memory: as in `torch.utils.data.DataLoader`.
+        batch_size, num_workers, pin_memory: as in `torch.utils.data.DataLoader`.
         seed: data-order seed.
-        start_step: first global step to produce (resume at step k: `start_step=k`).
-        num_steps: number of batches to produce (may span epochs); None: to the end of the current epoch.
-        infinite: produce batches forever (then `len()` is undefined); see `cycle_batches`.
-        shard: `(index, count)`: load only that slice of each batch of `batch_size` (see `StepBatchSampler`).
+        order: `StepBatchSampler`'s keyword arguments: `shuffle`, `drop_last`, `start_step` (resume at step k:
+            `start_step=k`), `num_steps` (batches to produce, which may span epochs; None: to the end of the
+            current epoch), `infinite` (batches forever, `len()` undefined; see `cycle_batches`) and `shard`
+            (`(index, count)`: load only that slice of each batch).
 
     Returns:
         A DataLoader yielding dicts of batched tensors (B, ...), `len()` = number of batches.
     """
-    sampler = StepBatchSampler(
-        len(dataset),
-        batch_size,
-        seed,
-        shuffle=shuffle,
-        drop_last=drop_last,
-        start_step=start_step,
-        num_steps=num_steps,
-        infinite=infinite,
-        shard=shard,
-    )
     return DataLoader(
         dataset,
-        batch_sampler=sampler,
+        batch_sampler=StepBatchSampler(len(dataset), batch_size, seed, **order),
         num_workers=num_workers,
         collate_fn=collate_batch,
         pin_memory=pin_memory and torch.cuda.is_available(),
@@ -445,29 +429,16 @@ def cycle_batches(
     dataset: Dataset,
     batch_size: int,
     seed: int,
-    start_step: int = 0,
     num_workers: int = 0,
     pin_memory: bool = False,
-    shuffle: bool = True,
-    drop_last: bool = True,
-    shard: tuple[int, int] = (0, 1),
+    **order: Any,
 ) -> Iterator[dict[str, Any]]:
     """Endless iterator over training batches; its n-th batch is global step `start_step + n`.
 
     Resuming at step k with the same seed yields exactly what an uninterrupted run yields from step k.
-    Workers (if any) start at the first `next()` and live as long as the iterator. With `shard=(i, n)` the
-    batches are slice i of n of those global batches (see `StepBatchSampler`).
+    Workers (if any) start at the first `next()` and live as long as the iterator. `order`: as in
+    `make_dataloader` (`start_step`, `shuffle`, `drop_last`, `shard`: with `shard=(i, n)` the batches are
+    slice i of n of those global batches).
     """
-    loader = make_dataloader(
-        dataset,
-        batch_size,
-        num_workers=num_workers,
-        shuffle=shuffle,
-        seed=seed,
-        drop_last=drop_last,
-        pin_memory=pin_memory,
-        start_step=start_step,
-        infinite=True,
-        shard=shard,
-    )
+    loader = make_dataloader(dataset, batch_size, num_workers, seed, pin_memory, infinite=True, **order)
     return iter(loader)

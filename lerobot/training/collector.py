@@ -148,13 +148,11 @@ class Collector:
                     action = self.envs.action_space.sample()
                 else:
                     action = act(self.policy, self.obs, self.device, describe_slot, self.NON_FINITE_ADVICE)
-                next_obs, reward, terminated, truncated, info = self._wait(
-                    step_envs, action, self.step_timeout_s, self.watchdog
-                )
+                step_result = self._wait(step_envs, action, self.step_timeout_s, self.watchdog)
+                next_obs, reward, terminated, truncated, info = step_result
                 self.buffer.add_env_step(
-                    self.obs, action, reward, next_obs, terminated, truncated, info, AutoresetMode.SAME_STEP,
-                    to_batch=observation_to_batch,
-                )  # fmt: skip
+                    self.obs, action, step_result, AutoresetMode.SAME_STEP, to_batch=observation_to_batch
+                )
                 done = np.logical_or(terminated, truncated)
                 self.episodes.step(np.asarray(reward, dtype=np.float64), done)
                 if done.any():

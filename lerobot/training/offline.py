@@ -66,7 +66,7 @@ def save(
     training_state = {**update.state_dict(), "rng": random_state.get_rng_state(), "step": step}
     with update.averaged_weights():
         model = {k: v.clone() for k, v in policy.state_dict().items()}
-    run_dir.save(step, policy, training_state, eval_state_dict=model, data_fingerprint=data)
+    run_dir.save(step, policy, training_state=training_state, eval_state_dict=model, data_fingerprint=data)
 
 
 def training_data(

@@ -58,7 +58,7 @@ def checkpoint_state(
 def save(run_dir: RunDir, policy: OnlinePolicy, state: dict[str, Any], data: dict[str, Any] | None) -> None:
     """Checkpoint the run at its transition count: the policy's weights, `state` (`checkpoint_state`) and
     the fingerprint of the demonstrations (`data`) when it reads some."""
-    run_dir.save(state["transitions"], policy, state, data_fingerprint=data)
+    run_dir.save(state["transitions"], policy, training_state=state, data_fingerprint=data)
 
 
 def load_checkpoint_state(

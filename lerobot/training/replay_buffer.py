@@ -195,19 +195,17 @@ class ReplayBuffer:
         self,
         obs: Mapping[str, Any],
         action: Any,
-        reward: Any,
-        next_obs: Mapping[str, Any],
-        terminated: Any,
-        truncated: Any,
-        info: Mapping[str, Any],
+        step_result: tuple[Any, Any, Any, Any, Mapping[str, Any]],
         autoreset_mode: AutoresetMode,
         to_batch=None,
     ) -> None:
-        """Store what `env.step(action)` returned, handling the env's autoreset mode (see the module docstring).
+        """Store what `env.step(action)` returned from `obs` (`step_result`: its `(next_obs, reward,
+        terminated, truncated, info)`), handling the env's autoreset mode (see the module docstring).
 
         `obs`/`next_obs` are raw env observations; `to_batch` (e.g. `observation_to_batch`) turns them into
         {batch key: tensor}. Without it they must already be such dicts.
         """
+        next_obs, reward, terminated, truncated, info = step_result
         to_batch = to_batch or (lambda o: o)
         terminated = np.asarray(terminated, dtype=bool)
         truncated = np.asarray(truncated, dtype=bool)

@@ -35,11 +35,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 from omegaconf import DictConfig
 from torch import nn
 
 from lerobot import distributed
+from lerobot.checkpoints.run_writer import checkpoint_files
 from lerobot.errors import ConfigError
 from lerobot.training.metrics import CURVES_FILE, METRICS_FILE
 from lerobot.training.run_dir.cleanup import remove_stale_temporaries, set_aside_strays
@@ -67,19 +67,11 @@ class RunDir:
             check_training_data(self.resume_from, data, self.cfg)
         return self.resume_from
 
-    def save(
-        self,
-        step: int,
-        policy: nn.Module,
-        training_state: dict[str, Any] | None = None,
-        eval_state_dict: dict[str, torch.Tensor] | None = None,
-        data_fingerprint: dict[str, Any] | None = None,
-    ) -> Path:
-        """Checkpoint `step` of the run (`save_checkpoint`, with the run's config), once checked that this
-        launch still owns the directory; return the checkpoint's directory."""
-        return save_checkpoint(
-            self.path, step, policy, self.cfg, training_state, eval_state_dict, data_fingerprint, self.lock
-        )
+    def save(self, step: int, policy: nn.Module, **content: Any) -> Path:
+        """Checkpoint `step` of the run with the run's config (`content`: `checkpoint_files`' other keyword
+        arguments: the training state, EMA weights, data fingerprint), once checked that this launch still
+        owns the directory; return the checkpoint's directory."""
+        return save_checkpoint(self.path, checkpoint_files(step, policy, self.cfg, **content), self.lock)
 
 
 @contextlib.contextmanager

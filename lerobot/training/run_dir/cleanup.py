@@ -16,21 +16,7 @@ import shutil
 import socket
 from pathlib import Path
 
-from lerobot.checkpoints.run_layout import (
-    CHECKPOINTS_DIR,
-    CONFIG_FILE,
-    MODEL_FILE,
-    latest_checkpoint,
-    list_checkpoints,
-)
-from lerobot.checkpoints.run_writer import (
-    LOCKED,
-    TEMPORARY_PREFIX,
-    is_stray,
-    megabytes,
-    move_aside,
-    set_aside,
-)
+from lerobot.checkpoints import run_layout, run_writer
 from lerobot.errors import ChecksumError
 from lerobot.runtime.checksums import CHECKSUMS_FILE, file_sha256, read_checksums
 from lerobot.runtime.files import open_dir, pid_alive, try_flock
@@ -51,14 +37,14 @@ def remove_stale_temporaries(run_dir: Path) -> None:
     checkpoint (a kill between renaming the old copy aside and the new one in place), becomes that
     checkpoint; every other one is deleted.
     """
-    parent = Path(run_dir) / CHECKPOINTS_DIR
+    parent = Path(run_dir) / run_layout.CHECKPOINTS_DIR
     if not parent.is_dir():
         return
     if (parent / LAST_TMP).is_symlink():
         (parent / LAST_TMP).unlink()
     stale, locks = [], []
     try:
-        for path in parent.glob(f"{TEMPORARY_PREFIX}*"):
+        for path in parent.glob(f"{run_writer.TEMPORARY_PREFIX}*"):
             gone, lock = _claim_if_stale(path)
             if lock is not None:
                 locks.append(lock)
@@ -74,7 +60,7 @@ def _remove_or_recover(parent: Path, stale: list[Path]) -> None:
     """Put the complete, verified stale temporaries of steps without a checkpoint in place; delete the rest."""
     freed, removed = 0, 0
     for tmp in sorted(stale, key=lambda p: p.lstat().st_mtime, reverse=True):  # newest copy of a step first
-        step = tmp.name[len(TEMPORARY_PREFIX) :].split("-")[0]
+        step = tmp.name[len(run_writer.TEMPORARY_PREFIX) :].split("-")[0]
         final = parent / step
         if step.isdigit() and not final.exists() and _verifies(tmp):
             os.replace(tmp, final)
@@ -91,15 +77,15 @@ def _remove_or_recover(parent: Path, stale: list[Path]) -> None:
             "removed %d stale temporary checkpoint directories from %s (%s)",
             removed,
             parent,
-            megabytes(freed),
+            run_writer.megabytes(freed),
         )
 
 
 def _claim_if_stale(path: Path) -> tuple[bool, int | None]:
     """Whether the temporary `path` is stale, and a descriptor holding its lock when it was taken (so that
     no other cleaner takes it meanwhile); the caller closes it."""
-    parts = path.name[len(TEMPORARY_PREFIX) :].split("-", 3)
-    if len(parts) < 4 or parts[2] != LOCKED:
+    parts = path.name[len(run_writer.TEMPORARY_PREFIX) :].split("-", 3)
+    if len(parts) < 4 or parts[2] != run_writer.LOCKED:
         return _old_writer_is_gone(path.name), None
     if path.is_symlink() or not path.is_dir():
         return True, None
@@ -132,22 +118,22 @@ def _verifies(directory: Path) -> bool:
         sums = read_checksums(directory)
     except ChecksumError:
         return False
-    if not sums or not {MODEL_FILE, CONFIG_FILE} <= set(sums):
+    if not sums or not {run_layout.MODEL_FILE, run_layout.CONFIG_FILE} <= set(sums):
         return False
     return all((directory / n).is_file() and file_sha256(directory / n) == h for n, h in sums.items())
 
 
 def set_aside_strays(run_dir: Path) -> list[Path]:
-    """Rename aside (`set_aside`) every entry of `run_dir/checkpoints/` named like a checkpoint (a step)
+    """Rename aside (`run_writer.set_aside`) every entry of `run_dir/checkpoints/` named like a checkpoint (a step)
     that is not a directory: a file or a link put where a checkpoint was. Each is a warning; the run then
     resumes from the newest real checkpoint, and saving that step again finds its name free. Returns the
     new names."""
-    parent = Path(run_dir) / CHECKPOINTS_DIR
+    parent = Path(run_dir) / run_layout.CHECKPOINTS_DIR
     if not parent.is_dir():
         return []
     moved = []
-    for path in sorted(p for p in parent.iterdir() if p.name.isdigit() and is_stray(p)):
-        moved.append(set_aside(path))
+    for path in sorted(p for p in parent.iterdir() if p.name.isdigit() and run_writer.is_stray(p)):
+        moved.append(run_writer.set_aside(path))
         log.warning(
             "%s is not a checkpoint directory (a file or a link was put in its place): renamed it to %s and "
             "left it there; the run goes on from the newest checkpoint that is whole",
@@ -166,14 +152,14 @@ def prune_checkpoints(run_dir: Path, keep: int, also_keep: list[Path] | tuple[Pa
     checksums go first, so that a kill during the deletion leaves a temporary that the next start removes
     rather than puts back.
     """
-    last = latest_checkpoint(run_dir)
+    last = run_layout.latest_checkpoint(run_dir)
     if last is None:
         return []
     kept = {last.name, *(Path(p).name for p in also_keep)}
-    found = [p for p in list_checkpoints(run_dir) if int(p.name) <= int(last.name)]
+    found = [p for p in run_layout.list_checkpoints(run_dir) if int(p.name) <= int(last.name)]
     doomed = [p for p in found[: max(len(found) - keep, 0)] if p.name not in kept]
     for ckpt in doomed:
-        aside, lock = move_aside(ckpt)
+        aside, lock = run_writer.move_aside(ckpt)
         try:
             (aside / CHECKSUMS_FILE).unlink(missing_ok=True)
             shutil.rmtree(aside, ignore_errors=True)

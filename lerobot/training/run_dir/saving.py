@@ -10,14 +10,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
-
-import torch
-from omegaconf import DictConfig
-from torch import nn
 
 from lerobot.checkpoints.run_layout import CHECKPOINTS_DIR, LAST_LINK, is_complete
-from lerobot.checkpoints.run_writer import checkpoint_files, write_checkpoint
+from lerobot.checkpoints.run_writer import CheckpointFiles, write_checkpoint
 from lerobot.errors import RunDirError
 from lerobot.training.run_dir.lock import RunLock
 
@@ -25,27 +20,17 @@ from lerobot.training.run_dir.lock import RunLock
 LAST_TMP = f".{LAST_LINK}.tmp"
 
 
-def save_checkpoint(
-    run_dir: Path,
-    step: int,
-    policy: nn.Module,
-    cfg: DictConfig,
-    training_state: dict[str, Any] | None = None,
-    eval_state_dict: dict[str, torch.Tensor] | None = None,
-    data_fingerprint: dict[str, Any] | None = None,
-    lock: RunLock | None = None,
-) -> Path:
-    """Write a checkpoint for `step` atomically and point `last` at it; return its directory.
+def save_checkpoint(run_dir: Path, files: CheckpointFiles, lock: RunLock | None = None) -> Path:
+    """Write the checkpoint `files` (`checkpoint_files`) atomically and point `last` at it; return its
+    directory.
 
-    `eval_state_dict` replaces the policy's own weights in `model.safetensors` (e.g. EMA weights).
-    `data_fingerprint` (the training data's, when the run reads a dataset) goes to `data_fingerprint.json`.
     `lock`: the lock of `run_dir` this process holds, if any (`RunLock`). Raises `NonFiniteWeightsError`
     (writing nothing) when the weights to save, or the policy's own, are not finite, `CheckpointError` naming
     the path and the space needed when the disk is full, and `RunDirError` when this process no longer owns
     `run_dir` (`RunLock.verify`) or `last` points at a later step (another writer); in every failure the
     temporary directory is removed and the previous checkpoints stay as they were.
     """
-    files = checkpoint_files(step, policy, cfg, training_state, eval_state_dict, data_fingerprint)
+    step = files.step
     if lock is not None:
         lock.verify()  # before anything is made in it
     _refuse_behind_last(run_dir, step, f"not saving checkpoint {step:09d}")
