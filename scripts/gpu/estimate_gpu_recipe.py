@@ -1,6 +1,6 @@
 """Expected wall time of a GPU recipe, estimated from one training step measured on any machine.
 
-    cd benchmarks && python estimate_gpu_recipe.py [--experiment diffusion_pusht_gpu] [--data-root DIR]
+    python scripts/gpu/estimate_gpu_recipe.py [--experiment diffusion_pusht_gpu] [--data-root DIR]
 
 Counts, for one full training step of the experiment's config (the trainers' `TrainStep`: forward,
 backward, clipping, AdamW, EMA) on a real batch: the FLOPs of its matmuls and convolutions
@@ -14,14 +14,19 @@ dispatch cost (eager mode, no CUDA graph). The GPU runs behind the host, so a st
 two. Peak throughput and bandwidth are the vendors' specifications (dense bf16, no sparsity); utilization,
 efficiency and dispatch cost are assumptions, given as an optimistic and a pessimistic set and saved with
 the results. Every figure this script prints is an estimate, not a measurement. Writes
-results/gpu_recipe.json.
+benchmarks/results/gpu_recipe.json.
 """
 
 from __future__ import annotations
 
 # isort: off
+import sys
+from pathlib import Path
+
 import lerobot  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads)
 
+# The benchmark helpers it shares (bench_train, common) live in benchmarks/.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 # isort: on
 import argparse
 from collections import Counter

@@ -1,6 +1,6 @@
 """The measurements of `gpu_check.sh`: training steps, chunk timing and a 50-episode image evaluation on CUDA.
 
-    python benchmarks/gpu_check.py [--cpu-fallback] [--junit FILE] [--out results/gpu_check.json] \
+    python scripts/gpu/gpu_check.py [--cpu-fallback] [--junit FILE] [--out benchmarks/results/gpu_check.json] \
         [--sections train_steps recipe_segment ...] [--data-root DIR]
 
 Sections (each one's failure is recorded in the JSON, the others still run):
@@ -25,8 +25,13 @@ on the CPU with tiny models and short episodes, which checks the script, not the
 from __future__ import annotations
 
 # isort: off
+import sys
+from pathlib import Path
+
 import lerobot  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads)
 
+# The benchmark helpers it shares (bench_train, bench_inference, common, tiny) live in benchmarks/.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 # isort: on
 import argparse
 import contextlib
@@ -38,7 +43,6 @@ import time
 import traceback
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 from bench_inference import synthetic_stats

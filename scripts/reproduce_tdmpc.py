@@ -1,7 +1,7 @@
 """TD-MPC against its published 100k-step figures: DeepMind Control and MetaWorld runs, queued and resumable.
 
-    python benchmarks/tdmpc_reproduce.py run --jobs 2     # train the queue, two runs at a time, one thread each
-    python benchmarks/tdmpc_reproduce.py report           # table and curves from whatever has been trained
+    python scripts/reproduce_tdmpc.py run --jobs 2     # train the queue, two runs at a time, one thread each
+    python scripts/reproduce_tdmpc.py report           # table and curves from whatever has been trained
 
 Every run is `scripts/train.py` with a recipe (the CPU-sized `tdmpc_dmc_cpu` / `tdmpc_metaworld_cpu` by
 default, `--size paper` for `tdmpc_dmc` / `tdmpc_metaworld`) writing to `--root/<size>/<run>`. A run that is

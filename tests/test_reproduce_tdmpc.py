@@ -1,30 +1,32 @@
 """The TD-MPC reproduction queue: its commands are valid runs, and its report reads resumed runs right."""
 
 import argparse
+import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 from lerobot.cli import compose_config
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import tdmpc_reproduce  # noqa: E402
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "reproduce_tdmpc.py"
+spec = importlib.util.spec_from_file_location("reproduce_tdmpc", SCRIPT)
+reproduce_tdmpc = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(reproduce_tdmpc)
 
 
 def _args(root: Path, size: str = "cpu", overrides=(), tag: str = "") -> argparse.Namespace:
     return argparse.Namespace(
-        root=str(root), size=size, seeds=[1], runs=list(tdmpc_reproduce.RUNS), set=list(overrides), tag=tag
+        root=str(root), size=size, seeds=[1], runs=list(reproduce_tdmpc.RUNS), set=list(overrides), tag=tag
     )
 
 
 @pytest.mark.parametrize("size", ["cpu", "paper"])
 def test_every_queued_run_is_a_valid_config_of_its_recipe(tmp_path, size):
-    for name, (suite, _, _, _) in tdmpc_reproduce.RUNS.items():
-        command = tdmpc_reproduce._command(_args(tmp_path, size), name, 1)
+    for name, (suite, _, _, _) in reproduce_tdmpc.RUNS.items():
+        command = reproduce_tdmpc._command(_args(tmp_path, size), name, 1)
         cfg = compose_config(command[2:])  # past the interpreter and scripts/train.py
-        assert cfg.policy.name == "tdmpc" and cfg.training.steps == tdmpc_reproduce.STEPS
+        assert cfg.policy.name == "tdmpc" and cfg.training.steps == reproduce_tdmpc.STEPS
         assert cfg.env.name == ("metaworld" if suite == "metaworld" else name.join(["dmc_", ""]))
         assert cfg.output_dir == str(tmp_path / size / f"{name}_s1")
 
@@ -42,9 +44,9 @@ def test_report_keeps_the_last_of_a_repeated_evaluation_and_its_training_hours(t
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     outputs = {"RESULTS_FILE": "r.json", "PLOT_FILE": "steps.png", "HOURS_PLOT_FILE": "hours.png"}
     for attr, file in outputs.items():
-        monkeypatch.setattr(tdmpc_reproduce, attr, tmp_path / file)
-    assert not tdmpc_reproduce._finished(run_dir)
-    tdmpc_reproduce.report(_args(tmp_path))
+        monkeypatch.setattr(reproduce_tdmpc, attr, tmp_path / file)
+    assert not reproduce_tdmpc._finished(run_dir)
+    reproduce_tdmpc.report(_args(tmp_path))
     run = json.loads((tmp_path / "r.json").read_text())["runs"]["cartpole_swingup_s1"]
     assert run["curve"] == [
         {"step": 10_000, "train_hours": 0.1, "avg_sum_reward": 310.0},
@@ -55,17 +57,17 @@ def test_report_keeps_the_last_of_a_repeated_evaluation_and_its_training_hours(t
 
 
 def test_a_figure_matches_within_ten_percent_or_inside_the_seeds_spread():
-    assert tdmpc_reproduce.verdict(800.0, 863.1, None) == "800.0 (0.93x): match"
-    assert tdmpc_reproduce.verdict(740.0, 832.2, (734.1, 934.0)) == "740.0 (0.89x): match"
-    assert tdmpc_reproduce.verdict(700.0, 832.2, (734.1, 934.0)) == "700.0 (0.84x): short"
-    assert tdmpc_reproduce.verdict(100.0, 63.0, None) == "100.0 (1.59x): above"
+    assert reproduce_tdmpc.verdict(800.0, 863.1, None) == "800.0 (0.93x): match"
+    assert reproduce_tdmpc.verdict(740.0, 832.2, (734.1, 934.0)) == "740.0 (0.89x): match"
+    assert reproduce_tdmpc.verdict(700.0, 832.2, (734.1, 934.0)) == "700.0 (0.84x): short"
+    assert reproduce_tdmpc.verdict(100.0, 63.0, None) == "100.0 (1.59x): above"
 
 
 def test_a_variant_trains_with_its_overrides_in_its_own_directory_and_report_files(
     tmp_path, monkeypatch, capsys
 ):
     args = _args(tmp_path, overrides=["training.per_alpha=0.6"], tag="per")
-    cfg = compose_config(tdmpc_reproduce._command(args, "mw_push", 1)[2:])
+    cfg = compose_config(reproduce_tdmpc._command(args, "mw_push", 1)[2:])
     assert cfg.training.per_alpha == 0.6 and cfg.env.task == "push-v3"
     assert cfg.output_dir == str(tmp_path / "cpu-per" / "mw_push_s1")
 
@@ -79,8 +81,8 @@ def test_a_variant_trains_with_its_overrides_in_its_own_directory_and_report_fil
         "PLOT_FILE": "steps.png",
         "HOURS_PLOT_FILE": "hours.png",
     }.items():
-        monkeypatch.setattr(tdmpc_reproduce, attr, tmp_path / file)
-    tdmpc_reproduce.report(args)
+        monkeypatch.setattr(reproduce_tdmpc, attr, tmp_path / file)
+    reproduce_tdmpc.report(args)
     assert not (tmp_path / "r.json").exists()  # the recipes' report is left alone
     out = json.loads((tmp_path / "r_per.json").read_text())
     assert out["overrides"] == ["training.per_alpha=0.6"] and list(out["runs"]) == ["mw_push_s1"]
