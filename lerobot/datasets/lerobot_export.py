@@ -126,7 +126,7 @@ def _encode(av: Any, path: Path, blocks: Iterable[np.ndarray], fps: int, encodin
     return count
 
 
-def _tasks_table(tasks: list[str]) -> pa.Table:
+def tasks_table(tasks: list[str]) -> pa.Table:
     """`meta/tasks.parquet` as LeRobot writes it with pandas: the task string is the (named) index."""
     table = pa.table(
         {"task_index": pa.array(range(len(tasks)), pa.int64()), "task": pa.array(tasks, pa.string())}
@@ -164,7 +164,7 @@ def _tasks_table(tasks: list[str]) -> pa.Table:
     return table.replace_schema_metadata({b"pandas": json.dumps(pandas_meta).encode()})
 
 
-def _lerobot_stats(st: dict[str, np.ndarray], count: int, image: bool) -> dict[str, Any]:
+def lerobot_stats(st: dict[str, np.ndarray], count: int, image: bool) -> dict[str, Any]:
     """{"min", "max", "mean", "std"} (+ "count") as LeRobot stores them: images (C, 1, 1), vectors (n,), scalars (1,)."""
     out: dict[str, Any] = {}
     for name in ("min", "max", "mean", "std"):
@@ -239,7 +239,7 @@ def export_lerobot_dataset(
         (tmp / "meta").mkdir(exist_ok=True)
         total = _total_stats(stats_of, video_keys, arrays, ends, frame_task_index)
         write_json(tmp / STATS_PATH, total, indent=1, fsync=True)
-        pq.write_table(_tasks_table(tasks), tmp / TASKS_PATH)
+        pq.write_table(tasks_table(tasks), tmp / TASKS_PATH)
         info = _info(num_episodes, int(ends[-1]), len(tasks), fps, features, video_keys, encoding)
         write_json(tmp / INFO_PATH, info, indent=1, fsync=True)
         try:
@@ -309,11 +309,11 @@ def _total_stats(
     num_frames = int(ends[-1])
     everything = np.arange(len(ends))
     total = {
-        k: _lerobot_stats(combine_stats(st, everything), num_frames, k in video_keys)
+        k: lerobot_stats(combine_stats(st, everything), num_frames, k in video_keys)
         for k, st in stats_of.items()
     }
     for key, values in _bookkeeping_columns(arrays, ends, task_index).items():
-        total[key] = _lerobot_stats(_plain_stats(values), num_frames, image=False)
+        total[key] = lerobot_stats(_plain_stats(values), num_frames, image=False)
     return total
 
 
@@ -432,7 +432,7 @@ def _write_episodes(
     columns["meta/episodes/file_index"] = np.zeros(num_episodes, dtype=np.int64)
     for key, st in stats_of.items():
         per_episode = [
-            _lerobot_stats(combine_stats(st, [e]), int(ends[e] - starts[e]), key in video_keys)
+            lerobot_stats(combine_stats(st, [e]), int(ends[e] - starts[e]), key in video_keys)
             for e in range(num_episodes)
         ]
         for name in ("min", "max", "mean", "std", "count"):
