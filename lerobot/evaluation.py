@@ -29,6 +29,7 @@ from lerobot.envs.tasks import EpisodeSpec, episode_plan
 from lerobot.episode_stats import aggregate_episodes
 from lerobot.errors import ConfigError, DatasetExistsError, EnvWorkerError
 from lerobot.policies.policy import Policy
+from lerobot.reports.eval_report import REPORT_FILE, try_write_eval_report
 from lerobot.rollout import eval_policy
 from lerobot.runtime.files import TemporaryDir, no_space_error, remove_dead_writers_temporaries, write_json
 
@@ -104,6 +105,7 @@ def evaluate(
     info["config"] = OmegaConf.to_container(cfg, resolve=True)
     if main:
         write_json(Path(out_dir) / EVAL_INFO_FILE, info)
+        try_write_eval_report(out_dir, info)  # report.html; a failure is a warning
     if record_error is not None:
         raise record_error  # after the figures are written: the evaluation is kept without its dataset
     if video_error is not None:
@@ -222,6 +224,7 @@ def earlier_evaluation(out_dir: Path) -> str | None:
 def remove_evaluation(out_dir: Path) -> None:
     """Delete what an evaluation wrote into `out_dir` (`eval_info.json`, `videos/`), and nothing else."""
     (Path(out_dir) / EVAL_INFO_FILE).unlink(missing_ok=True)
+    (Path(out_dir) / REPORT_FILE).unlink(missing_ok=True)
     shutil.rmtree(Path(out_dir) / VIDEOS_DIR, ignore_errors=True)
 
 

@@ -10,15 +10,18 @@ episode by episode on reset seeds, and all pairs are pooled (one pair per traini
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from lerobot.compare import paired_difference
 from lerobot.errors import exit_with_error
+from lerobot.reports.runs_page import write_evals_page
 
 
 def main(argv: list[str] | None = None) -> None:
     """Print the paired differences `argv` asks for; bad input ends with one `error:` line and exit status 2."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("evals", nargs="+", help="BASE OTHER [BASE OTHER ...]: eval_info.json files or dirs")
+    parser.add_argument("--html", type=Path, help="also write a page of the evaluations and their difference")
     args = parser.parse_args(argv)
     if len(args.evals) % 2:
         parser.error(f"{len(args.evals)} evaluations given: pass them in (base, other) pairs")
@@ -38,6 +41,8 @@ def main(argv: list[str] | None = None) -> None:
         f"other - base {r['delta_pc_success']:+.1f} "
         f"[{r['delta_pc_success_ci_low']:+.1f}, {r['delta_pc_success_ci_high']:+.1f}] points"
     )
+    if args.html is not None:
+        print(f"wrote {write_evals_page(args.html, args.evals, r)}")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import argparse
 from pathlib import Path
 
 from lerobot.errors import exit_with_error
+from lerobot.reports.runs_page import write_runs_page
 from lerobot.training.metrics import METRICS_FILE, read_records
 
 
@@ -36,7 +37,8 @@ def main(argv: list[str] | None = None) -> None:
     paragraphs = __doc__.split("\n\n")
     parser = argparse.ArgumentParser(description=paragraphs[0], epilog=paragraphs[-1])
     parser.add_argument("runs", nargs="+", help="run directories, each optionally followed by :LABEL")
-    parser.add_argument("--out", type=Path, required=True, help="PNG file to write")
+    parser.add_argument("--out", type=Path, help="PNG file to write")
+    parser.add_argument("--html", type=Path, help="HTML page of the runs (with --out or instead of it)")
     parser.add_argument(
         "--x", choices=("hours", "steps"), default="hours", help="x axis (default: %(default)s)"
     )
@@ -44,6 +46,16 @@ def main(argv: list[str] | None = None) -> None:
         "--gap-min", type=float, default=30.0, help="minutes: a longer gap counts as a stop (default: 30)"
     )
     args = parser.parse_args(argv)
+    if args.out is None and args.html is None:
+        parser.error("pass --out PNG, --html PAGE or both")
+    if args.html is not None:
+        runs = [(spec.partition(":")[0], spec.partition(":")[2]) for spec in args.runs]
+        try:
+            print(f"wrote {write_runs_page(args.html, runs, gap_s=60 * args.gap_min)}")
+        except OSError as e:  # a run directory without metrics, a page that cannot be written
+            exit_with_error(str(e))
+        if args.out is None:
+            return
 
     import matplotlib
 

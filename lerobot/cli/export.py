@@ -16,7 +16,7 @@ from lerobot.datasets.lerobot_export import VideoEncoding, export_lerobot_datase
 from lerobot.errors import ConfigError, DatasetError
 
 
-def _dataset_config(overrides: list[str]) -> DatasetConfig:
+def dataset_config_from_overrides(overrides: list[str]) -> DatasetConfig:
     """`dataset.key=value` overrides -> a checked `DatasetConfig` (an unknown key or bad value is a ConfigError)."""
 
     bad = [o for o in overrides if not o.startswith("dataset.") or "=" not in o]
@@ -52,7 +52,7 @@ def _export(argv: list[str] | None) -> int:
     args = parser.parse_intermixed_args(argv)
     if Path(args.out).exists() and not args.overwrite:
         raise DatasetError(f"{args.out}: already exists; choose another directory or pass --overwrite")
-    source = import_dataset(_dataset_config(args.overrides))
+    source = import_dataset(dataset_config_from_overrides(args.overrides))
     t0 = time.perf_counter()
     out = export_lerobot_dataset(
         source,

@@ -15,6 +15,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from lerobot.reports.run_index import try_write_run_index
 from lerobot.runtime.files import append_line, atomic_write, write_text
 
 log = logging.getLogger(__name__)
@@ -123,6 +124,7 @@ class MetricsLogger:
             atomic_write(self.run_dir / CURVES_FILE, lambda tmp: fig.savefig(tmp, format="png", dpi=80))
         finally:
             plt.close(fig)
+        try_write_run_index(self.run_dir)  # index.html beside the curves; a failure is a warning
 
     def close(self) -> None:
         """Final plot and wandb shutdown."""
