@@ -97,6 +97,8 @@ def json_digest(path: Path, lines: bool) -> str:
         if isinstance(r, dict):
             r.pop("config", None)  # holds the run's own paths
             r.pop("video_paths", None)
+            if isinstance(r.get("checkpoint"), dict):
+                r["checkpoint"].pop("path", None)  # the evaluated checkpoint's directory, under OUT
     return hashlib.sha256(json.dumps(cleaned, sort_keys=True).encode()).hexdigest()
 
 
