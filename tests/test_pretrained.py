@@ -201,3 +201,24 @@ def test_broken_directories_fail_with_one_line(trained, tmp_path, mutate, messag
 def test_a_missing_local_path_is_not_taken_for_a_repo(tmp_path):
     with pytest.raises(PretrainedError, match="does not exist"):
         from_pretrained(str(tmp_path / "outputs" / "nothing"))
+
+
+def test_a_task_input_the_policy_does_not_take_is_left_out_of_the_feature_check(tmp_path):
+    """A single-task policy (e.g. LeRobot's) runs on a multi-task env, which adds a task index it ignores;
+    any other difference still stops the evaluation."""
+    from lerobot.checkpoints.hub import PretrainedSpec, check_env_features
+    from lerobot.config import EnvConfig, FeatureConfig
+
+    state, action = FeatureConfig([4], "state"), FeatureConfig([4], "action")
+    features = {"observation.state": state, "action": action}
+    spec = PretrainedSpec(tmp_path, "lerobot-0.6-act", {"name": "act"}, features, env=None)
+    task = FeatureConfig([], "task")
+    env = EnvConfig(
+        name="mt", features={"observation.state": state, "observation.task_index": task, "action": action}
+    )
+    check_env_features(spec, env)
+    wider = EnvConfig(
+        name="mt", features={"observation.state": FeatureConfig([5], "state"), "action": action}
+    )
+    with pytest.raises(ConfigError, match="expects features"):
+        check_env_features(spec, wider)

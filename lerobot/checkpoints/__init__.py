@@ -187,4 +187,7 @@ def load_for_run(source: Source, cfg: DictConfig, raw_weights: bool = False) -> 
         )
     spec = read_spec(source.path)
     hub.check_env_features(spec, env_config(cfg))
-    return load_weights(spec, policy_config(cfg))
+    policy_cfg = policy_config(cfg)
+    # The env's task input that the policy does not take (`check_env_features`) stays out of its inputs.
+    policy_cfg.input_features = {k: f for k, f in policy_cfg.input_features.items() if k in spec.features}
+    return load_weights(spec, policy_cfg)

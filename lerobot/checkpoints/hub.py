@@ -32,6 +32,7 @@ from safetensors.torch import save as safetensors_save
 from torch import nn
 
 from lerobot.config import EnvConfig, FeatureConfig, PolicyConfig
+from lerobot.constants import TASK
 from lerobot.errors import ConfigError, PretrainedError
 from lerobot.policy_registry import make_policy
 from lerobot.runtime.files import atomic_write, write_text
@@ -268,9 +269,16 @@ def load_weights(spec: PretrainedSpec, policy_cfg: PolicyConfig) -> nn.Module:
 
 
 def check_env_features(spec: PretrainedSpec, env_cfg: EnvConfig) -> None:
-    """Raise `ConfigError` unless `env_cfg` provides exactly the features (keys, kinds, shapes) of `spec`."""
+    """Raise `ConfigError` unless `env_cfg` provides exactly the features (keys, kinds, shapes) of `spec`.
+
+    A task input (`TASK` kind, a multi-task env's task index) that the policy does not take is left out: a
+    single-task policy (e.g. one of LeRobot's) runs on such an env and ignores the task."""
     want = {k: (f.kind, list(f.shape)) for k, f in spec.features.items()}
-    have = {k: (f.kind, list(f.shape)) for k, f in env_cfg.features.items()}
+    have = {
+        k: (f.kind, list(f.shape))
+        for k, f in env_cfg.features.items()
+        if k in spec.features or f.kind != TASK
+    }
     if want != have:
         raise ConfigError(
             f"the pretrained policy in {spec.path} expects features {want}, but env {env_cfg.name!r} provides "
