@@ -378,6 +378,7 @@ def test_action_repeat_sums_rewards_and_tdmpc_trains_online_on_one_task(tmp_path
             "training.steps=30",
             "training.batch_size=8",
             "training.learning_starts=10",
+            "training.initial_updates=2",  # the recipe's 5,000 updates on the seed data take minutes
             "training.save_freq=30",
             "training.save_buffer=false",
             "training.log_freq=10",
