@@ -7,9 +7,12 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from conftest import REPO_ROOT
+from gymnasium import spaces
+from omegaconf import OmegaConf
 from torch.distributions import Normal, TransformedDistribution
 from torch.distributions.transforms import TanhTransform
 
@@ -21,6 +24,7 @@ from lerobot.constants import ACTION, NEXT_REWARD, NEXT_TERMINATED, NEXT_TRUNCAT
 from lerobot.errors import ConfigError
 from lerobot.policies.online_policy import OnlinePolicy
 from lerobot.policies.sac import SACConfig, SACPolicy
+from lerobot.policies.sac.configuration import MAX_TANH_GAUSSIAN_ENTROPY
 from lerobot.policies.sac.modeling import ACTOR_NOISE, SHIFT_OFFSETS
 from lerobot.policies.sac.networks import random_shift, tanh_gaussian_log_prob
 from lerobot.policy_registry import policy_config_class
@@ -297,6 +301,203 @@ def test_config_validation():
     ]:
         with pytest.raises(ConfigError, match=match):
             tiny_config(**bad).validate()
+
+
+def test_a_discrete_or_unbounded_action_is_refused():
+    """A discrete action declared as a scalar (shape []) or with unusable bounds stops at validation."""
+    discrete = FeatureConfig(shape=[], kind="action", low=[0.0], high=[2.0])
+    unbounded = FeatureConfig(shape=[2], kind="action", low=[-float("inf")], high=[float("inf")])
+    empty = FeatureConfig(shape=[2], kind="action", low=[1.0, 0.0], high=[1.0, 1.0])
+    for feature, match in [
+        (discrete, "continuous action space.*shape \\[\\]"),
+        (unbounded, "finite low < high"),
+        (empty, "finite low < high"),
+    ]:
+        with pytest.raises(ConfigError, match=match):
+            tiny_config(output_features={ACTION: feature}).validate()
+
+
+def test_max_tanh_gaussian_entropy_by_quadrature():
+    """The constant behind the target-entropy check: the largest entropy of tanh(u), u ~ N(mean, std), is at
+    mean 0, std about 0.874, and just below log 2 (the uniform distribution's on [-1, 1])."""
+    nodes, weights = np.polynomial.hermite_e.hermegauss(120)
+    weights = weights / weights.sum()
+
+    def entropy(mean: float, std: float) -> float:
+        u = mean + std * nodes
+        log_det = 2 * (math.log(2) - u - np.logaddexp(0, -2 * u))  # log(1 - tanh(u)^2)
+        return 0.5 * math.log(2 * math.pi * math.e * std**2) + float(weights @ log_det)
+
+    best = max(entropy(m, s) for m in (0.0, 0.1, 0.3) for s in np.linspace(0.5, 1.3, 161))
+    assert best == pytest.approx(MAX_TANH_GAUSSIAN_ENTROPY, abs=2e-5)
+    assert entropy(0.0, 0.874) == pytest.approx(best, abs=1e-5) and best < math.log(2)
+
+
+def test_target_entropy_must_be_reachable():
+    """Negative targets (SAC's default is -|A|) and positive ones a tanh-Gaussian reaches are accepted; one at
+    or above |A| * 0.6836 nats, or not finite, is refused in one line: the temperature would grow for ever."""
+    for ok in (None, -2.0, -40.0, 0.0, 1.3):
+        tiny_config(target_entropy=ok).validate()
+    assert tiny_config(target_entropy=-5.0).entropy_target == -5.0
+    for bad in (1.4, 2 * math.log(2), 10.0, float("nan"), float("inf")):
+        with pytest.raises(ConfigError, match=f"policy.target_entropy={bad}.*at most 1.367 nats"):
+            tiny_config(target_entropy=bad).validate()
+
+
+def test_check_run_refuses_what_cannot_train_sac():
+    """The start-up checks of an online run (`SACPolicy.check_run`, called by the trainer): no gradient steps,
+    a zero update ratio, and an env whose action space is not a bounded Box of the declared shape."""
+    policy = make_policy()
+
+    def training(gradient_steps: int = 1, utd_ratio: float | None = None):
+        return OmegaConf.create({"gradient_steps": gradient_steps, "utd_ratio": utd_ratio})
+
+    box = spaces.Box(np.array([-2.0, 0.0], dtype=np.float32), np.array([2.0, 10.0], dtype=np.float32))
+    policy.check_run(training(), box)
+    policy.check_run(training(-1), box)
+    policy.check_run(training(0, utd_ratio=0.5), box)  # the ratio takes precedence over gradient_steps
+    with pytest.raises(
+        ConfigError, match="training.gradient_steps=0: SAC would collect without ever learning"
+    ):
+        policy.check_run(training(0), box)
+    with pytest.raises(ConfigError, match="training.utd_ratio=0"):
+        policy.check_run(training(1, utd_ratio=0.0), box)
+    for space, match in [
+        (spaces.Discrete(3), "continuous \\(Box\\) action space; this env's is Discrete\\(3\\)"),
+        (spaces.MultiDiscrete([2, 2]), "continuous \\(Box\\)"),
+        (spaces.Box(0, 5, shape=(2,), dtype=np.int64), "continuous \\(Box\\)"),
+        (spaces.Box(-1.0, 1.0, shape=(3,), dtype=np.float32), "of shape \\[2\\]"),
+        (spaces.Box(-np.inf, np.inf, shape=(2,), dtype=np.float32), "bounded Box"),
+    ]:
+        with pytest.raises(ConfigError, match=match):
+            policy.check_run(training(), space)
+
+
+CARTPOLE_DISCRETE = """
+name: cartpole_discrete
+gym_id: CartPole-v1
+fps: 50
+max_episode_steps: 50
+features:
+  observation.state: {shape: [4], kind: state, low: [-5.0], high: [5.0]}
+  action: {shape: [1], kind: action, low: [0.0], high: [1.0]}
+observation_keys:
+  .: observation.state
+"""
+
+
+def test_start_up_refuses_no_updates_and_a_discrete_env_in_one_line(tmp_path, capsys):
+    """Through scripts/train.py: each bad setting ends the run at start-up with exit code 2 and one line."""
+    no_updates = [*TINY, "training.gradient_steps=0", "training.steps=100", f"output_dir={tmp_path / 'a'}"]
+    assert train_main(no_updates) == 2
+    err = capsys.readouterr().err.strip()
+    assert "training.gradient_steps=0" in err and len(err.splitlines()) == 1, err
+    (tmp_path / "env").mkdir()
+    (tmp_path / "env" / "cartpole_discrete.yaml").write_text(CARTPOLE_DISCRETE)
+    discrete = ["--config-dir", str(tmp_path), "policy=sac", "env=cartpole_discrete", "training.steps=100"]
+    assert train_main([*discrete, "eval.freq=0", f"output_dir={tmp_path / 'b'}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "Discrete(2)" in err and len(err.splitlines()) == 1, err
+
+
+# ------------------------------------------------------------------------------------------ by hand
+# A one-unit SAC whose every number is set, its losses and target step computed here with `math` alone.
+HAND_ACTOR = {"w1": 1.0, "b1": 0.5, "w_mean": 0.4, "b_mean": 0.1, "w_log_std": -0.2, "b_log_std": -1.0}
+# Per Q-function: first layer weights on (x, a) and bias, then the output weight and bias.
+HAND_CRITIC = [(1.0, 2.0, 0.5, 1.5, -0.3), (-0.5, 1.0, 1.0, 2.0, 0.2)]
+HAND_TARGET = [(0.8, 1.5, 0.2, 1.0, 0.0), (0.3, -1.0, 0.7, 0.5, 0.1)]
+
+
+def hand_policy() -> SACPolicy:
+    """State and action of size 1 in [-1, 1] (normalisation is the identity), hidden width 1, temperature 0.5,
+    discount 0.9, the weights above."""
+    unit = dict(shape=[1], low=[-1.0], high=[1.0])
+    config = SACConfig(
+        hidden_dims=[1],
+        discount=0.9,
+        init_temperature=0.5,
+        input_features={OBS_STATE: FeatureConfig(kind="state", **unit)},
+        output_features={ACTION: FeatureConfig(kind="action", **unit)},
+    )
+    policy = SACPolicy(config)
+    a = HAND_ACTOR
+    with torch.no_grad():
+        first, last = policy.actor.net[0], policy.actor.net[2]
+        first.weight.fill_(a["w1"])
+        first.bias.fill_(a["b1"])
+        last.weight.copy_(torch.tensor([[a["w_mean"]], [a["w_log_std"]]]))
+        last.bias.copy_(torch.tensor([a["b_mean"], a["b_log_std"]]))
+        for net, values in ((policy.critic.net, HAND_CRITIC), (policy.critic_target.net, HAND_TARGET)):
+            for k, (wx, wa, c, v, d) in enumerate(values):
+                net.weights[0][k] = torch.tensor([[wx], [wa]])
+                net.biases[0][k] = c
+                net.weights[1][k] = v
+                net.biases[1][k] = d
+    return policy
+
+
+def hand_actor(x: float, eps: float) -> tuple[float, float]:
+    """The action tanh(u), u = mean + std * eps, and its log-density, from the definitions."""
+    a = HAND_ACTOR
+    h = max(0.0, a["w1"] * x + a["b1"])
+    mean = a["w_mean"] * h + a["b_mean"]
+    log_std = a["w_log_std"] * h + a["b_log_std"]
+    std = math.exp(log_std)
+    u = mean + std * eps
+    gaussian = -0.5 * ((u - mean) / std) ** 2 - math.log(std) - 0.5 * math.log(2 * math.pi)
+    return math.tanh(u), gaussian - math.log(1 - math.tanh(u) ** 2)
+
+
+def hand_q(params: tuple, x: float, a: float) -> float:
+    wx, wa, c, v, d = params
+    return v * max(0.0, wx * x + wa * a + c) + d
+
+
+def test_losses_and_target_step_match_a_hand_computation():
+    policy = hand_policy().train()
+    x, x_next = [0.2, -0.6], [0.5, 0.1]
+    action, reward, terminated = [0.3, -0.8], [1.0, -0.5], [0.0, 1.0]
+    eps, eps_next = [0.5, -1.0], [-0.3, 0.8]
+    batch = {
+        OBS_STATE: torch.tensor([[[x[i]], [x_next[i]]] for i in range(2)]),
+        ACTION: torch.tensor([[[a]] for a in action]),
+        NEXT_REWARD: torch.tensor([[r] for r in reward]),
+        NEXT_TERMINATED: torch.tensor([[bool(t)] for t in terminated]),
+        ACTOR_NOISE: torch.tensor([[[eps[i]], [eps_next[i]]] for i in range(2)]),
+    }
+    alpha, discount, target_entropy = 0.5, 0.9, -1.0
+    targets = []
+    for i in range(2):
+        a_next, log_prob_next = hand_actor(x_next[i], eps_next[i])
+        q_next = min(hand_q(p, x_next[i], a_next) for p in HAND_TARGET)
+        targets.append(reward[i] + discount * (1 - terminated[i]) * (q_next - alpha * log_prob_next))
+    critic_loss = 0.5 * sum(
+        sum((hand_q(p, x[i], action[i]) - targets[i]) ** 2 for i in range(2)) / 2 for p in HAND_CRITIC
+    )
+    drawn = [hand_actor(x[i], eps[i]) for i in range(2)]
+    actor_loss = (
+        sum(alpha * lp - min(hand_q(p, x[i], a) for p in HAND_CRITIC) for i, (a, lp) in enumerate(drawn)) / 2
+    )
+    alpha_loss = -sum(math.log(alpha) * (lp + target_entropy) for _, lp in drawn) / 2
+
+    out = policy.losses(batch)
+    torch.testing.assert_close(out["td_target_mean"], torch.tensor(sum(targets) / 2))
+    torch.testing.assert_close(out["critic_loss"], torch.tensor(critic_loss))
+    torch.testing.assert_close(out["actor_loss"], torch.tensor(actor_loss))
+    torch.testing.assert_close(out["alpha_loss"], torch.tensor(alpha_loss))
+    torch.testing.assert_close(out["entropy"], torch.tensor(-(drawn[0][1] + drawn[1][1]) / 2))
+    # The temperature's gradient: d alpha_loss / d log_alpha = -mean(log pi + target entropy).
+    (grad,) = torch.autograd.grad(out["alpha_loss"], policy.log_alpha)
+    torch.testing.assert_close(grad, torch.tensor(-sum(lp + target_entropy for _, lp in drawn) / 2))
+
+    # The target step: target <- 0.995 target + 0.005 online, every weight of both Q-functions.
+    policy.update_target()
+    net = policy.critic_target.net
+    for k, (online, target) in enumerate(zip(HAND_CRITIC, HAND_TARGET)):
+        moved = [0.995 * t + 0.005 * o for o, t in zip(online, target)]
+        got = [*net.weights[0][k].flatten().tolist(), net.biases[0][k].item(), net.weights[1][k].item()]
+        got.append(net.biases[1][k].item())
+        assert got == pytest.approx(moved, abs=1e-7)
 
 
 # ------------------------------------------------------------------------------------ end to end

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
+from typing import Any
+
+from gymnasium import spaces
 
 from lerobot.policies.policy import Policy
 
@@ -51,6 +54,11 @@ class OnlinePolicy(Policy):
     @abc.abstractmethod
     def set_noise_seed(self, seed: int | Sequence[int]) -> None:
         """Seed the action noise: an int gives env slot b `seed + b`; a sequence gives one seed per slot."""
+
+    def check_run(self, training_cfg: Any, action_space: spaces.Space | None = None) -> None:
+        """Refuse, in one line (`ConfigError`), a run this learner cannot train: its `training` section
+        (`training_cfg`) or the train envs' single action space. The online trainer calls it at start-up,
+        before the first transition; nothing is refused by default."""
 
     def set_progress(self, transitions: int) -> None:
         """Told the transitions collected so far (all envs), before each collection step; nothing by default."""

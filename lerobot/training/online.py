@@ -227,7 +227,7 @@ def log_record(run: OnlineRun, collector: Collector, window: LogWindow) -> dict[
 def train_online(
     cfg: DictConfig, policy_cfg: PolicyConfig, progress: bool = True, slow_run_advice: str = LOWER_STEPS
 ) -> Path:
-    """Train an `OnlinePolicy` (TD-MPC) as configured; return the run directory.
+    """Train an `OnlinePolicy` (TD-MPC, SAC) as configured; return the run directory.
 
     `cfg` is the validated root config, `policy_cfg` its policy section built (`make_policy_config`).
     With `training.resume=true` and `output_dir` pointing at an earlier
@@ -245,6 +245,7 @@ def train_online(
         if nothing_to_train(counts.transitions, tcfg.steps):
             return run_dir.path
         collector = make_collector(cfg, env_cfg, run, device)
+        run.policy.check_run(tcfg, collector.envs.single_action_space)  # one line for a run it cannot train
         with (
             contextlib.closing(collector),
             TrainingLoop(

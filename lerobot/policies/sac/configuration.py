@@ -18,11 +18,18 @@ dataset statistics are not used, since online RL has none before it starts.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from lerobot.config import ONLINE, PolicyConfig
 from lerobot.constants import ENV_STATE, STATE, VISUAL
 from lerobot.errors import ConfigError
+
+# The most entropy (nats) one dimension of a tanh-squashed Gaussian reaches: max over (mean, std) of the
+# entropy of tanh(u), u ~ N(mean, std), in [-1, 1]; at mean 0, std 0.874 (by quadrature: tests/test_sac.py).
+# Just below log 2, the uniform distribution's. A target entropy at or above action_dim times it is one that
+# no actor of SAC's family can reach: the temperature would rise without end.
+MAX_TANH_GAUSSIAN_ENTROPY = 0.68364
 
 
 def conv_output_size(size: int, layers: int) -> int:
@@ -49,7 +56,9 @@ class SACConfig(PolicyConfig):
     n_q: int = 2
 
     # Learning: discount, Polyak rate of the target critics, the temperature's start and the entropy the
-    # temperature steers towards (null: -action_dim, SAC's heuristic).
+    # temperature steers towards, in nats of the actions normalised to [-1, 1] (null: -action_dim, SAC's
+    # heuristic and SB3's "auto"; it must lie below action_dim * MAX_TANH_GAUSSIAN_ENTROPY, about
+    # 0.68 * action_dim, the most a tanh-Gaussian actor has).
     discount: float = 0.99
     tau: float = 0.005
     init_temperature: float = 1.0
@@ -87,7 +96,7 @@ class SACConfig(PolicyConfig):
             raise ConfigError(f"policy.discount={self.discount} must be in [0, 1]")
         if not 0.0 < self.tau <= 1.0:
             raise ConfigError(f"policy.tau={self.tau} must be in (0, 1]")
-        if not self.init_temperature > 0:
+        if not (self.init_temperature > 0 and math.isfinite(self.init_temperature)):
             raise ConfigError(f"policy.init_temperature={self.init_temperature} must be > 0 (SAC: 1.0)")
         if self.image_encoder_layers < 1 or self.image_encoder_channels < 1 or self.image_feature_dim < 1:
             raise ConfigError(
@@ -96,6 +105,25 @@ class SACConfig(PolicyConfig):
         if self.image_shift_pad < 0:
             raise ConfigError(f"policy.image_shift_pad={self.image_shift_pad} must be >= 0 (0: no shift)")
         self._validate_features()
+        self._validate_target_entropy()
+
+    def _validate_target_entropy(self) -> None:
+        """A set target entropy is finite and reachable: below action_dim * `MAX_TANH_GAUSSIAN_ENTROPY`.
+
+        Negative targets are SAC's usual ones (its default is -action_dim): a continuous density's entropy may be
+        any negative number, the narrower the lower. An unreachable one would make the temperature grow for
+        ever, and the actor's loss with it, until the actor is as wide as it gets and the critics' signal is
+        lost beside the entropy bonus.
+        """
+        if self.target_entropy is None:
+            return
+        most = self.action_dim * MAX_TANH_GAUSSIAN_ENTROPY
+        if not (math.isfinite(self.target_entropy) and self.target_entropy < most):
+            raise ConfigError(
+                f"policy.target_entropy={self.target_entropy}: a tanh-Gaussian actor over {self.action_dim} "
+                f"action dims has at most {most:.3f} nats of entropy, so the temperature would grow without "
+                f"end; use a finite value below that (SAC's default, null, is -{self.action_dim})"
+            )
 
     def _validate_features(self) -> None:
         """Inputs: images (one size for all cameras) and state/env_state vectors with declared bounds; the
@@ -126,5 +154,18 @@ class SACConfig(PolicyConfig):
         if not self.input_features:
             raise ConfigError("sac needs at least one image, state or env_state observation feature")
         for key, feat in self.output_features.items():
+            if len(feat.shape) != 1 or feat.shape[0] < 1:
+                raise ConfigError(
+                    f"sac acts in a continuous action space: {key!r} must be a vector of shape [A] with "
+                    f"low/high bounds, got shape {list(feat.shape)} (a discrete action space is not supported)"
+                )
             if feat.low is None or feat.high is None:
                 raise ConfigError(f"sac squashes actions into the bounds; {key!r} declares no low/high")
+            bounds = [*feat.low, *feat.high]
+            if not all(math.isfinite(v) for v in bounds) or not all(
+                lo < hi for lo, hi in zip(feat.low, feat.high)
+            ):
+                raise ConfigError(
+                    f"sac squashes actions into the bounds: {key!r} needs finite low < high, got "
+                    f"low={list(feat.low)} high={list(feat.high)}"
+                )

@@ -21,8 +21,11 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Sequence
+from typing import Any
 
+import numpy as np
 import torch
+from gymnasium import spaces
 from torch import Tensor, nn
 
 from lerobot.constants import (
@@ -35,6 +38,7 @@ from lerobot.constants import (
     TRAINING_NOISE_PREFIX,
     VISUAL,
 )
+from lerobot.errors import ConfigError
 from lerobot.normalize import MIN_MAX, Normalize, Unnormalize
 from lerobot.policies.online_policy import OnlinePolicy
 from lerobot.policies.policy import acting_settings
@@ -147,15 +151,57 @@ class SACPolicy(OnlinePolicy):
         """SAC learns from single transitions."""
         return 1
 
+    def check_run(self, training_cfg: Any, action_space: spaces.Space | None = None) -> None:
+        """Refuse, in one line each (`ConfigError`), an online run that cannot train SAC: one that makes no
+        gradient updates (`training.gradient_steps=0` with no `utd_ratio`, or `utd_ratio=0`), and an env
+        whose action space (`action_space`, the train envs' single one) is not a bounded continuous box of
+        the declared action's shape (a discrete one: SAC's actor is a squashed Gaussian).
+
+        `training_cfg` is the run's `training` section (`gradient_steps`, `utd_ratio`); the online trainer
+        calls this at start-up, before the first transition.
+        """
+        utd_ratio = training_cfg.utd_ratio
+        if utd_ratio is None and training_cfg.gradient_steps == 0:
+            raise ConfigError(
+                "training.gradient_steps=0: SAC would collect without ever learning; use 1 (one update per "
+                "vector step, SB3's default), N, or -1 (as many updates as transitions collected)"
+            )
+        if utd_ratio is not None and utd_ratio == 0:
+            raise ConfigError(
+                "training.utd_ratio=0: SAC would collect without ever learning; use a positive ratio (1: one "
+                "update per transition), or null for training.gradient_steps"
+            )
+        if action_space is None:
+            return
+        shape = (self.action_dim,)
+        if not isinstance(action_space, spaces.Box) or not np.issubdtype(action_space.dtype, np.floating):
+            raise ConfigError(
+                f"sac acts in a continuous (Box) action space; this env's is {action_space} (a discrete or "
+                "integer action space needs another policy)"
+            )
+        if action_space.shape != shape or not action_space.is_bounded("both"):
+            raise ConfigError(
+                f"sac squashes actions into the env's bounds: the env's action space is {action_space}, the "
+                f"config declares {self.action_key!r} of shape {list(shape)}; it needs a bounded Box of that "
+                "shape"
+            )
+
     @property
     def obs_keys(self) -> list[str]:
         """The observation keys the policy reads: cameras, then vectors."""
         return [*self.image_keys, *self.vector_keys]
 
     # ----------------------------------------------------------------- features
-    def features(self, obs: dict[str, Tensor], encoder: PixelEncoder | None, shifts: Tensor | None) -> Tensor:
+    def features(
+        self,
+        obs: dict[str, Tensor],
+        encoder: PixelEncoder | None,
+        shifts: Tensor | None,
+        vectors: Tensor | None = None,
+    ) -> Tensor:
         """What actor and critics read, (B, D): the image features of `encoder` (the cameras stacked on the
-        channels, shifted by `shifts` (B, 2) when given), then the normalised, flattened vectors.
+        channels, shifted by `shifts` (B, 2) when given), then the normalised, flattened vectors
+        (`vector_features`, or `vectors` when given: already made).
 
         `obs` holds `{key: (B, ...)}`.
         """
@@ -166,9 +212,19 @@ class SACPolicy(OnlinePolicy):
                 images = random_shift(images, self.config.image_shift_pad, shifts)
             parts.append(encoder(images))
         if self.vector_keys:
-            normed = self.normalize_inputs({k: obs[k] for k in self.vector_keys})
-            parts += [normed[k].flatten(start_dim=1) for k in self.vector_keys]
-        return torch.cat(parts, dim=-1)
+            parts.append(self.vector_features(obs) if vectors is None else vectors)
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+
+    def vector_features(self, obs: dict[str, Tensor]) -> Tensor:
+        """The state vectors of `obs` ({key: (..., *shape)}, any leading dims) normalised, flattened and
+        concatenated: (..., sum of their sizes)."""
+        normed = self.normalize_inputs({k: obs[k] for k in self.vector_keys})
+        inputs = self.config.input_features
+        parts = [
+            normed[k].reshape(*normed[k].shape[: normed[k].dim() - len(inputs[k].shape)], -1)
+            for k in self.vector_keys
+        ]
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
 
     # ----------------------------------------------------------------- acting
     def on_reset(self, env_ids: Tensor | None) -> None:
@@ -196,7 +252,7 @@ class SACPolicy(OnlinePolicy):
         x = self.features({k: batch[k][:, -1] for k in self.obs_keys}, self.encoder, None)
         if self.explore:
             eps = self._exploration_noise(x.shape[0]).to(x.device, non_blocking=True)
-            action, _ = self.actor.sample(x, eps)
+            action = self.actor.draw(x, eps)
         else:
             action = self.actor.mode(x)
         return self.unnormalize_action({self.action_key: action.unsqueeze(1)})[self.action_key]
@@ -250,15 +306,18 @@ class SACPolicy(OnlinePolicy):
         eps = draws[ACTOR_NOISE].to(batch[ACTION].device, non_blocking=True)  # (B, 2, A)
         shifts = draws.get(SHIFT_OFFSETS)  # (B, 2, 2), or None: no augmentation
         shift_now, shift_next = (None, None) if shifts is None else (shifts[:, 0], shifts[:, 1])
-        obs = {k: batch[k][:, 0] for k in self.obs_keys}
-        next_obs = {k: batch[k][:, 1] for k in self.obs_keys}
+        obs = {k: batch[k][:, 0] for k in self.image_keys}
+        next_obs = {k: batch[k][:, 1] for k in self.image_keys}
+        # The state vectors of o_t and o_{t+1} normalised in one pass: (B, 2, D_v).
+        vectors = self.vector_features(batch) if self.vector_keys else None
+        now, nxt = (None, None) if vectors is None else (vectors[:, 0], vectors[:, 1])
         action = self.normalize_action({self.action_key: batch[ACTION][:, 0]})[self.action_key]  # (B, A)
         reward = batch[NEXT_REWARD][:, 0].float()  # (B,)
         terminated = batch.get(NEXT_TERMINATED, torch.zeros_like(batch[NEXT_REWARD]))[:, 0].float()
         alpha = self.log_alpha.detach().exp()
 
-        td_target = self.soft_td_target(next_obs, reward, terminated, eps[:, 1], shift_next)
-        x = self.features(obs, self.encoder, shift_now)  # (B, D)
+        td_target = self.soft_td_target(next_obs, reward, terminated, eps[:, 1], shift_next, nxt)
+        x = self.features(obs, self.encoder, shift_now, now)  # (B, D)
         q = self.critic(x, action).float()  # (n_q, B)
         critic_loss = 0.5 * (q - td_target).pow(2).mean(dim=1).sum()
 
@@ -285,6 +344,7 @@ class SACPolicy(OnlinePolicy):
         terminated: Tensor,
         eps: Tensor,
         shifts: Tensor | None = None,
+        vectors: Tensor | None = None,
     ) -> Tensor:
         """The soft TD target (B,): y = r + discount * (1 - terminated) * (min_k Q'_k(x', a') - alpha log pi(a' | x)),
         a' = the actor's draw with noise `eps` (B, A) on the online features x of `next_obs` ({key: (B, ...)}),
@@ -292,12 +352,13 @@ class SACPolicy(OnlinePolicy):
         `terminated` are (B,); a time limit does not cut the bootstrap, so truncation plays no part here.
 
         The next action comes from the online actor on the online encoder's features, its value from the target
-        networks (as DrQ); `shifts` (B, 2), when given, shift the images as in training.
+        networks (as DrQ); `shifts` (B, 2), when given, shift the images as in training. `vectors` (B, D_v): the
+        normalised state vectors of `next_obs` when already made (`vector_features`).
         """
-        x_next = self.features(next_obs, self.encoder, shifts)
+        x_next = self.features(next_obs, self.encoder, shifts, vectors)
         next_action, next_log_prob = self.actor.sample(x_next, eps)
         if self.encoder is not None:
-            x_next = self.features(next_obs, self.encoder_target, shifts)
+            x_next = self.features(next_obs, self.encoder_target, shifts, vectors)
         next_q = self.critic_target(x_next, next_action).float().min(dim=0).values  # (B,)
         soft_value = next_q - self.log_alpha.exp() * next_log_prob
         return reward + self.config.discount * (1.0 - terminated) * soft_value
