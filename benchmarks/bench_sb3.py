@@ -533,7 +533,7 @@ def plot(suite: str, groups: dict) -> None:
             if not points:
                 continue
             mean = np.array([statistics.mean(returns_at(runs, t)) for t in points])
-            std = np.array([np.std(returns_at(runs, t)) for t in points])
+            std = np.array([np.std(returns_at(runs, t), ddof=1 if len(runs) > 1 else 0) for t in points])
             wall = np.array([mean_of(runs, "wall_s", t) for t in points]) / 60
             cpu = np.array([mean_of(runs, "cpu_s", t) for t in points]) / 60
             for row, x in enumerate((np.array(points), wall, cpu)):

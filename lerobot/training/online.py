@@ -245,7 +245,11 @@ def train_online(
         if nothing_to_train(counts.transitions, tcfg.steps):
             return run_dir.path
         collector = make_collector(cfg, env_cfg, run, device)
-        run.policy.check_run(tcfg, collector.envs.single_action_space)  # one line for a run it cannot train
+        try:  # one line for a run this learner cannot train
+            run.policy.check_run(tcfg, collector.envs.single_action_space)
+        except ConfigError:
+            collector.close()  # its env workers too
+            raise
         with (
             contextlib.closing(collector),
             TrainingLoop(
