@@ -16,20 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from lerobot.constants import EVAL_INFO_FILE
+from lerobot.reports import html
 from lerobot.reports.eval_report import REPORT_FILE
-from lerobot.reports.html import (
-    card,
-    chart_div,
-    esc,
-    fmt,
-    interval,
-    json_script,
-    page,
-    percent_bar,
-    rel,
-    table,
-    write_page,
-)
 from lerobot.reports.run_index import (
     GAP_S,
     INDEX_FILE,
@@ -77,15 +65,15 @@ def _run_row(run: RunData, label: str, out_dir: Path) -> list[str]:
     best = max(evals, key=lambda r: r.get("pc_success", -1.0)) if evals else {}
     page_file = run.path / INDEX_FILE if (run.path / INDEX_FILE).is_file() else run.path / METRICS_FILE
     return [
-        esc(label),
-        f'<a href="{rel(page_file, out_dir)}">{esc(run.path.name)}</a>',
-        fmt(train[-1]["step"] if train else None),
-        fmt(run.hours[-1] if run.hours else None, 2),
-        fmt(last.get("pc_success"), 1),
-        interval(last.get("pc_success_ci95_low"), last.get("pc_success_ci95_high"), 1),
-        f"{fmt(best.get('pc_success'), 1)} (step {fmt(best.get('step'))})" if best else "-",
-        fmt(last.get("avg_max_reward")),
-        interval(last.get("avg_max_reward_ci95_low"), last.get("avg_max_reward_ci95_high")),
+        html.esc(label),
+        f'<a href="{html.rel(page_file, out_dir)}">{html.esc(run.path.name)}</a>',
+        html.fmt(train[-1]["step"] if train else None),
+        html.fmt(run.hours[-1] if run.hours else None, 2),
+        html.fmt(last.get("pc_success"), 1),
+        html.interval(last.get("pc_success_ci95_low"), last.get("pc_success_ci95_high"), 1),
+        f"{html.fmt(best.get('pc_success'), 1)} (step {html.fmt(best.get('step'))})" if best else "-",
+        html.fmt(last.get("avg_max_reward")),
+        html.interval(last.get("avg_max_reward_ci95_low"), last.get("avg_max_reward_ci95_high")),
     ]
 
 
@@ -116,18 +104,19 @@ def write_runs_page(out: Path | str, runs: Sequence[tuple[Path | str, str]], gap
             f"<h1>{len(loaded)} training runs</h1>",
             '<div class="muted">hours of training: wall time between metric records, evaluations and long stops left out</div>',
             '<div class="charts">',
-            "".join(chart_div(c["id"], c["title"]) for c in charts) or '<p class="muted">No metrics yet.</p>',
+            "".join(html.chart_div(c["id"], c["title"]) for c in charts)
+            or '<p class="muted">No metrics yet.</p>',
             "</div><h2>Runs</h2>",
-            table(
+            html.table(
                 headers,
                 rows,
                 numeric=[False, False, True, True, True, True, True, True, True],
                 table_id="runs",
             ),
-            json_script("page-data", {"charts": charts}),
+            html.json_script("page-data", {"charts": charts}),
         ]
     )
-    return write_page(out, page("training runs", body, script=PAGE_JS + 'LR.sortable("runs");'))
+    return html.write_page(out, html.page("training runs", body, script=PAGE_JS + 'LR.sortable("runs");'))
 
 
 def _eval_row(path: Path, out_dir: Path) -> list[str]:
@@ -137,32 +126,34 @@ def _eval_row(path: Path, out_dir: Path) -> list[str]:
     target = directory / REPORT_FILE if (directory / REPORT_FILE).is_file() else directory / EVAL_INFO_FILE
     step = (info.get("checkpoint") or {}).get("step")
     return [
-        f'<a href="{rel(target, out_dir)}">{esc(directory.name)}</a>',
-        esc(f"{cfg.get('policy', {}).get('name', '?')} on {cfg.get('env', {}).get('name', '?')}"),
-        fmt(step),
-        fmt(agg.get("n_episodes")),
-        percent_bar(agg["pc_success"], agg.get("pc_success_ci95_low"), agg.get("pc_success_ci95_high")),
-        fmt(agg["pc_success"], 1),
-        interval(agg.get("pc_success_ci95_low"), agg.get("pc_success_ci95_high"), 1),
-        fmt(agg["avg_max_reward"]),
-        interval(agg.get("avg_max_reward_ci95_low"), agg.get("avg_max_reward_ci95_high")),
+        f'<a href="{html.rel(target, out_dir)}">{html.esc(directory.name)}</a>',
+        html.esc(f"{cfg.get('policy', {}).get('name', '?')} on {cfg.get('env', {}).get('name', '?')}"),
+        html.fmt(step),
+        html.fmt(agg.get("n_episodes")),
+        html.percent_bar(agg["pc_success"], agg.get("pc_success_ci95_low"), agg.get("pc_success_ci95_high")),
+        html.fmt(agg["pc_success"], 1),
+        html.interval(agg.get("pc_success_ci95_low"), agg.get("pc_success_ci95_high"), 1),
+        html.fmt(agg["avg_max_reward"]),
+        html.interval(agg.get("avg_max_reward_ci95_low"), agg.get("avg_max_reward_ci95_high")),
     ]
 
 
 def _paired(paired: dict[str, Any]) -> str:
-    reward = interval(paired["delta_avg_max_reward_ci_low"], paired["delta_avg_max_reward_ci_high"])
-    success = interval(paired["delta_pc_success_ci_low"], paired["delta_pc_success_ci_high"], 1)
+    reward = html.interval(paired["delta_avg_max_reward_ci_low"], paired["delta_avg_max_reward_ci_high"])
+    success = html.interval(paired["delta_pc_success_ci_low"], paired["delta_pc_success_ci_high"], 1)
     return (
         f'<h2>Paired difference (other - base) over {paired["n_pairs"]:,} paired episodes</h2><div class="cards">'
-        + card("avg max reward: other - base", f"{paired['delta_avg_max_reward']:+.3f}", f"95% CI {reward}")
-        + card("success: other - base", f"{paired['delta_pc_success']:+.1f} pts", f"95% CI {success}")
-        + card(
-            "base / other avg max reward",
-            f"{fmt(paired['base_avg_max_reward'])} / {fmt(paired['other_avg_max_reward'])}",
+        + html.card(
+            "avg max reward: other - base", f"{paired['delta_avg_max_reward']:+.3f}", f"95% CI {reward}"
         )
-        + card(
+        + html.card("success: other - base", f"{paired['delta_pc_success']:+.1f} pts", f"95% CI {success}")
+        + html.card(
+            "base / other avg max reward",
+            f"{html.fmt(paired['base_avg_max_reward'])} / {html.fmt(paired['other_avg_max_reward'])}",
+        )
+        + html.card(
             "base / other success",
-            f"{fmt(paired['base_pc_success'], 1)}% / {fmt(paired['other_pc_success'], 1)}%",
+            f"{html.fmt(paired['base_pc_success'], 1)}% / {html.fmt(paired['other_pc_success'], 1)}%",
         )
         + "</div>"
     )
@@ -194,7 +185,7 @@ def write_evals_page(
             f"<h1>{len(rows)} evaluations</h1>",
             _paired(paired) if paired is not None else "",
             "<h2>Evaluations</h2>",
-            table(headers, rows, numeric=[False, False, True, True, False, True, True, True, True]),
+            html.table(headers, rows, numeric=[False, False, True, True, False, True, True, True, True]),
         ]
     )
-    return write_page(out, page("evaluations", body))
+    return html.write_page(out, html.page("evaluations", body))
