@@ -11,6 +11,14 @@ from __future__ import annotations
 # Models small enough for a 2-core CPU.
 TINY_DIFFUSION = ["policy.down_dims=[16,32]", "policy.diffusion_step_embed_dim=8", "policy.n_groups=4"]
 TINY_TDMPC = ["policy.latent_dim=16", "policy.enc_dim=32", "policy.mlp_dim=32", "policy.n_q=2"]
+# TD-MPC's planner cut down: 3 steps ahead, 2 iterations of 16 samples, 4 elites, 2 policy trajectories.
+TINY_PLANNER = [
+    "policy.horizon=3",
+    "policy.iterations=2",
+    "policy.num_samples=16",
+    "policy.num_elites=4",
+    "policy.num_pi_trajs=2",
+]
 TINY_ACT = [
     "policy.dim_model=16",
     "policy.n_heads=2",
@@ -33,11 +41,7 @@ TDMPC_PENDULUM = [
     "env=pendulum",
     "env.max_episode_steps=12",
     *TINY_TDMPC,
-    "policy.horizon=3",
-    "policy.iterations=2",
-    "policy.num_samples=16",
-    "policy.num_elites=4",
-    "policy.num_pi_trajs=2",
+    *TINY_PLANNER,
     "training.batch_size=8",
     "training.n_envs=2",
     "training.learning_starts=10",

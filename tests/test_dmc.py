@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,6 +20,9 @@ from lerobot.envs import make_env, make_single_env  # noqa: E402
 from lerobot.envs.dmc import CONFIG_GYM_ID, DMCEnv  # noqa: E402
 from lerobot.errors import ConfigError  # noqa: E402
 from lerobot.policy_registry import make_policy_config  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from tiny import TINY_PLANNER, TINY_TDMPC  # noqa: E402
 
 # config name -> (suite domain, task, observation size, action size, control timestep in seconds)
 TASKS = {
@@ -274,14 +278,8 @@ def test_tiny_tdmpc_run_through_the_training_command(tmp_path):
     tiny = [
         "+experiment=tdmpc_dmc",
         "env.max_episode_steps=20",
-        "policy.latent_dim=16",
-        "policy.enc_dim=32",
-        "policy.mlp_dim=32",
-        "policy.horizon=3",
-        "policy.iterations=2",
-        "policy.num_samples=16",
-        "policy.num_elites=4",
-        "policy.num_pi_trajs=2",
+        *TINY_TDMPC,  # n_q=2, as the recipe
+        *TINY_PLANNER,
         "training.batch_size=8",
         "training.steps=48",
         "training.learning_starts=24",

@@ -63,7 +63,12 @@ def test_train_resume_and_eval(tmp_path):
     assert action.shape == (1, 1) and -2 <= float(action) <= 2
     assert cfg.policy.name == "tdmpc"
 
-    out_dir = tmp_path / "eval"
+    info = evaluate_run(run_dir, tmp_path / "eval")
+    assert len(info["per_episode"]) == 2 and all(ep["n_steps"] == 12 for ep in info["per_episode"])
+
+
+def evaluate_run(run_dir: Path, out_dir: Path) -> dict:
+    """`scripts/eval.py --checkpoint run_dir` over 2 episodes on 2 envs, no video; its `eval_info.json`."""
     argv = [
         "--checkpoint",
         str(run_dir),
@@ -73,8 +78,7 @@ def test_train_resume_and_eval(tmp_path):
         "eval.batch_size=2",
     ]
     assert eval_main([*argv, "eval.max_episodes_rendered=0"]) == 0
-    info = json.loads((out_dir / "eval_info.json").read_text())
-    assert len(info["per_episode"]) == 2 and all(ep["n_steps"] == 12 for ep in info["per_episode"])
+    return json.loads((out_dir / "eval_info.json").read_text())
 
 
 TDMPC2_OPTIONS = [

@@ -13,6 +13,7 @@ import torch
 from conftest import REPO_ROOT
 from gymnasium import spaces
 from omegaconf import OmegaConf
+from test_online_train import evaluate_run
 from torch.distributions import Normal, TransformedDistribution
 from torch.distributions.transforms import TanhTransform
 
@@ -549,17 +550,7 @@ def test_train_resume_and_eval(tmp_path):
     action = policy.select_action({OBS_STATE: torch.tensor([[1.0, 0.0, 0.0]])})
     assert action.shape == (1, 1) and -2 <= float(action) <= 2
 
-    out_dir = tmp_path / "eval"
-    argv = [
-        "--checkpoint",
-        str(run_dir),
-        "--output-dir",
-        str(out_dir),
-        "eval.n_episodes=2",
-        "eval.batch_size=2",
-    ]
-    assert eval_main([*argv, "eval.max_episodes_rendered=0"]) == 0
-    info = json.loads((out_dir / "eval_info.json").read_text())
+    info = evaluate_run(run_dir, tmp_path / "eval")
     assert len(info["per_episode"]) == 2 and all(ep["n_steps"] == 50 for ep in info["per_episode"])
 
 
