@@ -187,6 +187,30 @@ def test_viewer_of_the_zarr_conversion(data, tmp_path):
             assert sum(1 for _ in container.decode(stream)) == length
 
 
+def test_a_viewer_stopped_midway_leaves_nothing_and_the_earlier_one_stays(data, tmp_path, monkeypatch):
+    """The viewer is written into a temporary sibling and renamed into place: a stop (here an error in the
+    second episode, as a Ctrl-C would) leaves no folder, and an earlier viewer there is kept whole."""
+    from lerobot.reports import dataset_viewer
+
+    out = tmp_path / "viewer"
+    write_dataset_viewer(data["converted"], out, episodes=[0], max_points=10, videos=False)
+    before = sorted(p.relative_to(out) for p in out.rglob("*"))
+    series = dataset_viewer.episode_series
+    calls = []
+
+    def stop_at_the_second(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return series(*args, **kwargs)
+
+    monkeypatch.setattr(dataset_viewer, "episode_series", stop_at_the_second)
+    with pytest.raises(KeyboardInterrupt):
+        write_dataset_viewer(data["converted"], out, max_points=10)
+    assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
+    assert [p.name for p in tmp_path.iterdir() if p.name != "viewer"] == []
+
+
 def test_viewer_of_a_lerobot_dataset_by_the_script(data, tmp_path, capsys):
     script = load_script("visualize_dataset")
     out = tmp_path / "viewer"

@@ -33,6 +33,7 @@ from lerobot.datasets.format import BOOKKEEPING_KEYS, read_meta
 from lerobot.datasets.lerobot_export import VideoEncoding, encode_video
 from lerobot.reports.html import esc, json_script, page, write_page
 from lerobot.reports.viewer_js import VIEWER_CSS, VIEWER_HTML, VIEWER_JS
+from lerobot.runtime.files import TemporaryDir, remove_stale_temporary_dirs
 
 log = logging.getLogger(__name__)
 
@@ -167,13 +168,31 @@ def write_dataset_viewer(
 
     Args:
         root: a converted dataset (holds `meta.json`; `lerobot.datasets.import_dataset` gives it).
-        out_dir: the viewer's folder (created; its videos are replaced).
+        out_dir: the viewer's folder, written whole into a temporary sibling and renamed into place (an
+            earlier viewer there is replaced; a stopped write leaves nothing).
         episodes: the episodes to show (default: all).
         max_points: most points drawn per series and episode.
         videos: encode the cameras' videos (False: plots only).
         title: the page's title (default: the dataset's name).
     """
-    out_dir = Path(out_dir)
+    final = Path(out_dir)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporary_dirs(final)
+    with TemporaryDir(final) as tmp:
+        _write_viewer(root, tmp.path, episodes, max_points, videos, title)
+        tmp.install()
+    return final / INDEX_FILE
+
+
+def _write_viewer(
+    root: Path | str,
+    out_dir: Path,
+    episodes: Sequence[int] | None,
+    max_points: int,
+    videos: bool,
+    title: str | None,
+) -> Path:
+    """`write_dataset_viewer`'s content, written into `out_dir`."""
     plots = EpisodeDataset(root, episodes=episodes, keys=viewer_layout(read_meta(root)).plotted)
     meta, layout = plots.meta, viewer_layout(plots.meta)
     tasks = episode_tasks(meta)
