@@ -498,7 +498,7 @@ def test_losses_and_target_step_match_a_hand_computation():
         moved = [0.995 * t + 0.005 * o for o, t in zip(online, target)]
         got = [*net.weights[0][k].flatten().tolist(), net.biases[0][k].item(), net.weights[1][k].item()]
         got.append(net.biases[1][k].item())
-        assert got == pytest.approx(moved, abs=1e-7)
+        assert got == pytest.approx(moved, rel=1e-6)  # float32 weights: relative, whatever the CPU
 
 
 # ------------------------------------------------------------------------------------ end to end
