@@ -106,6 +106,27 @@ def test_pixels_come_right_side_up_and_fast_rendering_is_the_default():
         full.close()
 
 
+def test_envs_of_one_process_each_render_their_own_frames():
+    # Two tasks side by side in one process (a sync vector env's slots): each env's camera frame is the one
+    # a lone env of its task renders, at reset and after steps (each renders in its own OpenGL context).
+    def frames(tasks: list[str]) -> list[list[np.ndarray]]:
+        envs = [MetaWorldEnv(task=t, obs_type="pixels_agent_pos", width=32, height=32) for t in tasks]
+        try:
+            out = [[env.reset(seed=i)[0]["pixels"]] for i, env in enumerate(envs)]
+            for _ in range(2):
+                for i, env in enumerate(envs):
+                    out[i].append(env.step(np.zeros(4, dtype=np.float32))[0]["pixels"])
+            return out
+        finally:
+            for env in envs:
+                env.close()
+
+    lone = frames(TWO_TASKS[:1])[0]
+    side_by_side = frames(TWO_TASKS)[0]
+    for k, (a, b) in enumerate(zip(lone, side_by_side)):
+        np.testing.assert_array_equal(a, b, err_msg=f"frame {k} of reach-v3 beside another env")
+
+
 def _rows(result):
     return [
         (r["task"], r["seed"], r["n_steps"], r["success"], round(r["sum_reward"], 6))

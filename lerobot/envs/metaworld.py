@@ -66,6 +66,8 @@ STATE_DIM = 39
 # MetaWorld's control rate: an env step is 5 MuJoCo steps (frame_skip) of 2.5 ms (the models' timestep).
 CONTROL_FPS = 80
 AGENT_POS_DIM = 4
+# The scene's cameras that render upside down (rotated by 180 degrees): frames are turned back (`_upright`).
+_ROTATED_CAMERAS = ("corner2", "corner4")
 
 # The difficulty groups of Seo et al. 2022 (Masked World Models), as LeRobot names them.
 _DIFFICULTY = {
@@ -294,16 +296,19 @@ class MetaWorldEnv(gym.Env):
         check_gl()
         try:
             viewer = self._env.mujoco_renderer.viewer
-            if self._video is not None and viewer is not None:
-                viewer.make_context_current()  # the videos' renderer made its own current
+            if viewer is not None:
+                # gymnasium's offscreen viewer renders into whichever OpenGL context is current: another env
+                # of this process (a sync vector env's next slot) or the videos' renderer may have made its
+                # own current since, and this env's frame would be read from that one's buffer.
+                viewer.make_context_current()
             image = self._env.render()
         except Exception as e:  # MuJoCo's renders fail only where its OpenGL context cannot be made
             raise gl_failure(e) from e
         return self._upright(image)
 
     def _upright(self, image: np.ndarray) -> np.ndarray:
-        """A frame of the camera right side up (MetaWorld's corner2 renders rotated by 180 degrees)."""
-        if self.camera == "corner2":
+        """A frame of the camera right side up (MetaWorld's corner2 and corner4 render rotated by 180 degrees)."""
+        if self.camera in _ROTATED_CAMERAS:
             image = image[::-1, ::-1]
         return np.ascontiguousarray(image)
 
