@@ -6,8 +6,8 @@ task set, the task chosen by the reset seed.
   a list of these; `task_names(task)` resolves it (the `env.task` setting, see `lerobot.config.EnvConfig`).
 - `obs_type`: `state` (the 39-dim vector) or `pixels_agent_pos` (a camera image plus the 4-dim agent state:
   hand position and gripper opening, as LeRobot's MetaWorld env gives).
-- `camera`, `width`, `height`: the camera image (`corner2`, turned right side up: MetaWorld renders it
-  rotated by 180 degrees).
+- `camera`, `width`, `height`: the camera image (`corner2` by default, LeRobot's; `env=metaworld_pixels` uses
+  `corner4`), turned right side up where MetaWorld renders it rotated by 180 degrees (corner2, corner4).
 - `render_size`: the side of the frames `render()` gives (evaluation videos), from the same camera, 256 px
   by default, whatever the size of the camera observation; videos play at MetaWorld's control rate, 80 fps
   (`CONTROL_FPS`) over `action_repeat`.
