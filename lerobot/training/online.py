@@ -151,9 +151,10 @@ def set_up(
 
 def make_collector(cfg: DictConfig, env_cfg: EnvConfig, run: OnlineRun, device: torch.device) -> Collector:
     """The run's train envs (`training.n_envs`, async when `training.use_async_envs`, each step waiting at most
-    `eval.step_timeout_s`), acting with its policy and storing into its buffer."""
+    `eval.step_timeout_s`), acting with its policy and storing into its buffer. Raises `ConfigError` (the envs
+    closed) where the policy cannot learn this run (`OnlinePolicy.check_run`: its action space, its schedule)."""
     tcfg = cfg.training
-    return Collector(
+    collector = Collector(
         env_cfg,
         tcfg.n_envs,
         tcfg.use_async_envs,
@@ -163,6 +164,12 @@ def make_collector(cfg: DictConfig, env_cfg: EnvConfig, run: OnlineRun, device: 
         device,
         cfg.eval.step_timeout_s,
     )
+    try:
+        run.policy.check_run(tcfg, collector.envs.single_action_space)
+    except ConfigError:
+        collector.close()  # its env workers too
+        raise
+    return collector
 
 
 def complete_collection(run: OnlineRun, ready: bool) -> bool:
@@ -244,12 +251,7 @@ def train_online(
         counts = run.counts
         if nothing_to_train(counts.transitions, tcfg.steps):
             return run_dir.path
-        collector = make_collector(cfg, env_cfg, run, device)
-        try:  # one line for a run this learner cannot train
-            run.policy.check_run(tcfg, collector.envs.single_action_space)
-        except ConfigError:
-            collector.close()  # its env workers too
-            raise
+        collector = make_collector(cfg, env_cfg, run, device)  # one line for a run this learner cannot train
         with (
             contextlib.closing(collector),
             TrainingLoop(
