@@ -26,6 +26,11 @@ def _args(
     )
 
 
+def _write_metrics(run_dir: Path, *rows: dict) -> None:
+    """A run's metrics log (`metrics.jsonl`), one record per line, as the trainer writes it."""
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
 @pytest.mark.parametrize("policy", ["tdmpc", "sac"])
 @pytest.mark.parametrize("size", ["cpu", "paper"])
 def test_every_queued_run_is_a_valid_config_of_its_recipe(tmp_path, size, policy):
@@ -47,7 +52,7 @@ def test_report_keeps_the_last_of_a_repeated_evaluation_and_its_training_hours(t
         {"split": "train", "step": 20_000, "train_time_s": 1080.0},
         {"split": "eval", "step": 20_000, "avg_sum_reward": 863.1},
     ]
-    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    _write_metrics(run_dir, *rows)
     monkeypatch.setattr(reproduce, "RESULTS_DIR", tmp_path)
     assert not reproduce._finished(run_dir)
     reproduce.report(_args(tmp_path))
@@ -78,9 +83,11 @@ def test_a_variant_trains_with_its_overrides_in_its_own_directory_and_report_fil
 
     run_dir = tmp_path / "cpu-per" / "mw_push_s1"
     run_dir.mkdir(parents=True)
-    rows = [{"split": "train", "step": 100_000, "train_time_s": 3600.0}]
-    rows.append({"split": "eval", "step": 100_000, "pc_success": 60.0})
-    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    _write_metrics(
+        run_dir,
+        {"split": "train", "step": 100_000, "train_time_s": 3600.0},
+        {"split": "eval", "step": 100_000, "pc_success": 60.0},
+    )
     monkeypatch.setattr(reproduce, "RESULTS_DIR", tmp_path)
     reproduce.report(args)
     assert not (tmp_path / "tdmpc_reproduce.json").exists()  # the recipes' report is left alone
@@ -98,9 +105,11 @@ def test_a_variant_trains_with_its_overrides_in_its_own_directory_and_report_fil
 def test_sac_reports_against_its_own_published_figures(tmp_path, monkeypatch, capsys):
     run_dir = tmp_path / "paper" / "cheetah_run_s2"
     run_dir.mkdir(parents=True)
-    rows = [{"split": "train", "step": 100_000, "train_time_s": 1800.0}]
-    rows.append({"split": "eval", "step": 100_000, "avg_sum_reward": 250.0})
-    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    _write_metrics(
+        run_dir,
+        {"split": "train", "step": 100_000, "train_time_s": 1800.0},
+        {"split": "eval", "step": 100_000, "avg_sum_reward": 250.0},
+    )
     monkeypatch.setattr(reproduce, "RESULTS_DIR", tmp_path)
     args = _args(tmp_path, size="paper", policy="sac")
     args.seeds = [2]
