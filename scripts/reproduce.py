@@ -139,11 +139,11 @@ def _run_dir(args: argparse.Namespace, name: str, seed: int) -> Path:
 
 def _outputs(args: argparse.Namespace) -> tuple[Path, Path, Path]:
     """The report's files: results JSON, curves against steps and against hours (with the variant's tag)."""
-    stem = f"{args.policy}_reproduce" + (f"_{args.tag}" if args.tag else "")
+    tag = f"_{args.tag}" if args.tag else ""
     return (
-        RESULTS_DIR / f"{stem}.json",
-        RESULTS_DIR / f"{stem}.png",
-        RESULTS_DIR / f"{stem.replace('_reproduce', '_reproduce_hours')}.png",
+        RESULTS_DIR / f"{args.policy}_reproduce{tag}.json",
+        RESULTS_DIR / f"{args.policy}_reproduce{tag}.png",
+        RESULTS_DIR / f"{args.policy}_reproduce_hours{tag}.png",
     )
 
 
