@@ -201,11 +201,20 @@ def run(args: argparse.Namespace) -> None:
     report(args)
 
 
+def _seeds_on_disk(args: argparse.Namespace, name: str) -> list[int]:
+    """The seeds of the task's run directories under the root, whichever `run` made them."""
+    found = _run_dir(args, name, 0).parent.glob(f"{name}_s*")
+    return sorted(
+        int(d.name.rsplit("_s", 1)[1]) for d in found if d.is_dir() and d.name.rsplit("_s", 1)[1].isdigit()
+    )
+
+
 def _curves(args: argparse.Namespace) -> dict:
-    """Each trained run's evaluations: {run key: {suite, metric, published, curve: [{step, train_hours, metric}]}}."""
+    """Every run's evaluations under the root, all tasks and seeds (a queue of a few runs still reports them
+    all): {run key: {suite, metric, published, curve: [{step, train_hours, metric}]}}."""
     runs: dict = {}
     for name, task in REPRODUCTIONS[args.policy].tasks.items():
-        for seed in args.seeds:
+        for seed in _seeds_on_disk(args, name):
             evals = _evals(_run_dir(args, name, seed))
             if evals:
                 runs[f"{name}_s{seed}"] = {
@@ -243,7 +252,7 @@ def _plot(args: argparse.Namespace, runs: dict, against_hours: bool, path: Path)
             axes[row][col].axis("off")
         for ax, name in zip(axes[row], names):
             points, metric = reproduction.tasks[name].published, reproduction.tasks[name].metric
-            for seed in args.seeds:
+            for seed in _seeds_on_disk(args, name):
                 run = runs.get(f"{name}_s{seed}")
                 curve = [c for c in run["curve"] if c["train_hours"] is not None] if run else []
                 if curve:
@@ -320,14 +329,14 @@ def main() -> None:
         p = sub.add_parser(cmd)
         p.add_argument("--size", choices=("cpu", "paper"), default="cpu")
         p.add_argument("--policy", choices=list(REPRODUCTIONS), default="tdmpc")
-        p.add_argument("--runs", nargs="+", help="task names of the policy's table (default: all)")
-        p.add_argument("--seeds", type=int, nargs="+", default=[1])
         p.add_argument("--root", default=None, help="default: outputs/<policy>_reproduce")
         p.add_argument(
             "--set", nargs="+", default=[], metavar="KEY=VALUE", help="more overrides (needs --tag)"
         )
         p.add_argument("--tag", default="", help="the variant's name: its run directories and report files")
-        if cmd == "run":
+        if cmd == "run":  # the report covers every run under the root, whichever queue made it
+            p.add_argument("--runs", nargs="+", help="task names of the policy's table (default: all)")
+            p.add_argument("--seeds", type=int, nargs="+", default=[1])
             p.add_argument("--jobs", type=int, default=2)
     args = parser.parse_args()
     if args.set and not args.tag:
@@ -335,9 +344,10 @@ def main() -> None:
     if bad := [o for o in args.set if "=" not in o]:
         parser.error(f"--set takes KEY=VALUE overrides; got {bad}")
     tasks = REPRODUCTIONS[args.policy].tasks
-    args.runs = args.runs or list(tasks)
-    if unknown := [r for r in args.runs if r not in tasks]:
-        parser.error(f"--runs: {unknown} not in {args.policy}'s table; choose from {', '.join(tasks)}")
+    if args.cmd == "run":
+        args.runs = args.runs or list(tasks)
+        if unknown := [r for r in args.runs if r not in tasks]:
+            parser.error(f"--runs: {unknown} not in {args.policy}'s table; choose from {', '.join(tasks)}")
     {"run": run, "report": report}[args.cmd](args)
 
 

@@ -111,9 +111,7 @@ def test_sac_reports_against_its_own_published_figures(tmp_path, monkeypatch, ca
         {"split": "eval", "step": 100_000, "avg_sum_reward": 250.0},
     )
     monkeypatch.setattr(reproduce, "RESULTS_DIR", tmp_path)
-    args = _args(tmp_path, size="paper", policy="sac")
-    args.seeds = [2]
-    reproduce.report(args)
+    reproduce.report(_args(tmp_path, size="paper", policy="sac"))
     out = json.loads((tmp_path / "sac_reproduce.json").read_text())
     assert (
         out["policy"] == "sac"
@@ -123,3 +121,25 @@ def test_sac_reports_against_its_own_published_figures(tmp_path, monkeypatch, ca
     # TD-MPC2's published SAC at 100k: 362.4, 236.9, 331.1 (mean 310.1); 250 is 0.81x but inside the spread.
     assert "| cheetah_run_s2 | 310.1 | 100k: 250 | 0.50 | 250.0 (0.81x): match |" in capsys.readouterr().out
     assert (tmp_path / "sac_reproduce_hours.png").stat().st_size > 0
+
+
+def test_the_report_covers_every_run_under_the_root_not_only_the_last_queue(tmp_path, monkeypatch):
+    for key, figure in (
+        ("cartpole_swingup_s1", 837.0),
+        ("cartpole_swingup_s3", 820.0),
+        ("walker_walk_s2", 700.0),
+    ):
+        (tmp_path / "paper" / key).mkdir(parents=True)
+        _write_metrics(
+            tmp_path / "paper" / key,
+            {"split": "train", "step": 100_000, "train_time_s": 1500.0},
+            {"split": "eval", "step": 100_000, "avg_sum_reward": figure},
+        )
+    (tmp_path / "paper" / "cartpole_swingup_s2.log").write_text("a queue's log, not a run")
+    monkeypatch.setattr(reproduce, "RESULTS_DIR", tmp_path)
+    args = _args(tmp_path, size="paper", policy="sac")
+    args.seeds, args.runs = [3], ["cartpole_swingup"]  # the queue `run` was last given
+    reproduce.report(args)
+    runs = json.loads((tmp_path / "sac_reproduce.json").read_text())["runs"]
+    assert sorted(runs) == ["cartpole_swingup_s1", "cartpole_swingup_s3", "walker_walk_s2"]
+    assert runs["cartpole_swingup_s3"]["curve"][-1]["avg_sum_reward"] == 820.0
