@@ -2,6 +2,7 @@
 
 import copy
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -229,6 +230,24 @@ def test_train_step_uses_the_policys_parameter_groups():
     assert {"loss", "grad_norm"} <= set(output) and not output["loss"].requires_grad
     changed = {id(p) for p, b in zip(policy.parameters(), before) if not torch.equal(p, b)}
     assert not changed & frozen_ids and changed
+
+
+@pytest.mark.parametrize("limit", [float("inf"), 1e-3])
+def test_train_step_reports_the_gradient_norm_before_clipping_and_clips_only_to_a_finite_limit(limit):
+    """With no limit (inf) the update computes the norm alone and steps on the gradients as they are; with a
+    limit it clips to it. Either way `grad_norm` is the norm before clipping, as torch's clip reports it."""
+    settings = OmegaConf.create({"grad_clip_norm": limit, "use_amp": False, "compile": False})
+    torch.manual_seed(0)
+    policy = tiny_tdmpc()
+    update = TrainStep(policy, policy.config, settings, 10)
+    update.optimizer.step = lambda: None  # keep the gradients to read them
+    output = update(tdmpc_batch(), where="step 1")
+    grads = [p.grad.clone() for p in policy.parameters() if p.grad is not None]
+    after = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+    if math.isinf(limit):
+        assert after.item() == pytest.approx(output["grad_norm"].item(), rel=1e-6)
+    else:
+        assert output["grad_norm"].item() > 1.0 and after.item() == pytest.approx(limit, rel=1e-3)
 
 
 def test_encoder_lr_scale_gives_the_encoder_its_own_rate_and_a_changed_split_is_refused():

@@ -72,6 +72,9 @@ class TrainingLoop:
         self.run_dir = Path(run_dir)
         self.step = start
         self.total = cfg.training.steps
+        # Read once: `advance` runs after every collection, and a config lookup costs microseconds each.
+        self._log_freq, self._save_freq = cfg.training.log_freq, cfg.training.save_freq
+        self._eval_freq, self._collective_timeout_s = cfg.eval.freq, cfg.training.collective_timeout_s
         # Records after the step this run starts from belong to an interrupted run (or, at 0, to one that
         # never saved a checkpoint): dropped, so that the file holds one trajectory. The main process keeps
         # the log; whether an evaluation is pending is its answer, for every process.
@@ -150,16 +153,16 @@ class TrainingLoop:
             )
         last = not self.running
         due = Due(
-            log=last or _crossed(before, self.step, self.cfg.training.log_freq),
-            checkpoint=last or _crossed(before, self.step, self.cfg.training.save_freq),
-            eval=self.cfg.eval.freq > 0
+            log=last or _crossed(before, self.step, self._log_freq),
+            checkpoint=last or _crossed(before, self.step, self._save_freq),
+            eval=self._eval_freq > 0
             and not self._stopping
-            and (last or _crossed(before, self.step, self.cfg.eval.freq)),
+            and (last or _crossed(before, self.step, self._eval_freq)),
         )
         # The next step's collectives fail after `training.collective_timeout_s` without the other processes
         # (docs/distributed.md); after a checkpoint or an evaluation, which the main process writes while the
         # others go on, they wait as long as at start-up.
-        timeout = None if due.checkpoint or due.eval else self.cfg.training.collective_timeout_s
+        timeout = None if due.checkpoint or due.eval else self._collective_timeout_s
         distributed.set_collective_timeout(timeout)
         return due
 

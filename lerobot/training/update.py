@@ -178,6 +178,7 @@ class TrainStep:
                 power=policy_cfg.ema_power,
             )
         self.grad_clip_norm = training_cfg.grad_clip_norm
+        self.params = list(policy.parameters())
         device = next(policy.parameters()).device
         self.device_type = device.type
         self.use_amp = distributed.resolve_amp(training_cfg.use_amp, device)
@@ -200,7 +201,7 @@ class TrainStep:
             loss = loss * distributed.loss_weight(count)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.grad_clip_norm)
+        grad_norm = self._clip_gradients()
         self.optimizer.step()
         self.scheduler.step()
         if self.ema is not None:
@@ -212,6 +213,14 @@ class TrainStep:
         }
         self.metrics.add(output, where)
         return output
+
+    def _clip_gradients(self) -> Tensor:
+        """Clip the gradients to `grad_clip_norm`; return their norm before. With no limit (inf) only the norm
+        is computed: the clip would multiply every gradient by 1, a pass over all of them for nothing."""
+        if math.isinf(self.grad_clip_norm):
+            grads = [p.grad for p in self.params if p.grad is not None]
+            return torch.nn.utils.get_total_norm(grads)
+        return torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip_norm)
 
     def advice(self) -> str:
         """What to change when this update diverges (gradients are already clipped, so not that)."""
