@@ -15,10 +15,13 @@ from lerobot.constants import (
     NEXT_REWARD,
     NEXT_TERMINATED,
     NEXT_TRUNCATED,
+    OBS_IMAGE,
     OBS_STATE,
     REPLAY_INDEX,
     SAMPLE_WEIGHT,
 )
+from lerobot.envs.observation import observation_to_batch
+from lerobot.errors import ConfigError
 from lerobot.training.demonstrations import sample_mixed
 from lerobot.training.replay_buffer import ReplayBuffer, final_observations
 
@@ -54,22 +57,50 @@ class ScriptedEpisodesEnv(gym.Env):
         return self._obs(), reward, end and kind == "T", end and kind == "R", {}
 
 
+def frame(env_id: int, episode: int, t: int) -> np.ndarray:
+    """The scripted camera's (8, 8, 3) uint8 frame at a state: random pixels (all of 0..255 occur), one draw
+    per state."""
+    return np.random.default_rng([env_id, episode, t]).integers(0, 256, (8, 8, 3), dtype=np.uint8)
+
+
+class ScriptedImagesEnv(ScriptedEpisodesEnv):
+    """`ScriptedEpisodesEnv` with a camera, keyed by batch keys: {state: [env_id, episode, step], image:
+    `frame` of that state}."""
+
+    observation_space = gym.spaces.Dict(
+        {
+            OBS_STATE: ScriptedEpisodesEnv.observation_space,
+            OBS_IMAGE: gym.spaces.Box(0, 255, (8, 8, 3), np.uint8),
+        }
+    )
+
+    def _obs(self) -> dict[str, np.ndarray]:
+        return {OBS_STATE: super()._obs(), OBS_IMAGE: frame(self.env_id, self.episode, self.t)}
+
+
 def to_batch(obs: np.ndarray) -> dict[str, torch.Tensor]:
     return {OBS_STATE: torch.as_tensor(obs, dtype=torch.float32)}
 
 
 def collect(
-    scripts: list[list[tuple[int, str]]], n_steps: int, mode: AutoresetMode, capacity: int = 10_000, **kw
+    scripts: list[list[tuple[int, str]]],
+    n_steps: int,
+    mode: AutoresetMode,
+    capacity: int = 10_000,
+    env_cls: type[ScriptedEpisodesEnv] = ScriptedEpisodesEnv,
+    convert=to_batch,
+    **kw,
 ):
-    """Step a vector env of scripted envs and record it in a buffer (`kw`: its other arguments); return it."""
-    fns = [lambda i=i, s=s: ScriptedEpisodesEnv(i, s) for i, s in enumerate(scripts)]
+    """Step a vector env of scripted envs (`env_cls`) and record it in a buffer through `convert` (`kw`: the
+    buffer's other arguments); return it."""
+    fns = [lambda i=i, s=s: env_cls(i, s) for i, s in enumerate(scripts)]
     env = SyncVectorEnv(fns, autoreset_mode=mode)
     buffer = ReplayBuffer(capacity, n_envs=len(scripts), **kw)
     obs, _ = env.reset()
     for step in range(n_steps):
         action = np.full((len(scripts), 1), step / 100, dtype=np.float32)
         result = env.step(action)
-        buffer.add_env_step(obs, action, result, mode, to_batch)
+        buffer.add_env_step(obs, action, result, mode, convert)
         obs = result[0]
     env.close()
     return buffer
@@ -326,3 +357,71 @@ def test_prioritized_state_round_trip_old_buffers_and_mixed_batches():
     assert torch.all(mixed[REPLAY_INDEX][~demo] >= 0)
     with pytest.raises(ValueError, match="alpha >= 0 and beta in"):
         ReplayBuffer(10, alpha=0.6, beta=2.0)
+
+
+def collect_images() -> ReplayBuffer:
+    """12 SAME_STEP vector steps of 3 scripted camera envs whose episodes end at different steps."""
+    return collect(
+        SCRIPTS_3, 12, AutoresetMode.SAME_STEP, 60, env_cls=ScriptedImagesEnv, convert=observation_to_batch
+    )
+
+
+def assert_same_samples(a: ReplayBuffer, b: ReplayBuffer) -> None:
+    """Both buffers draw the same batch (their generators in one state), equal bit for bit."""
+    x, y = a.sample(64, horizon=2), b.sample(64, horizon=2)
+    assert x.keys() == y.keys()
+    for key in x:
+        assert x[key].dtype == y[key].dtype and torch.equal(x[key], y[key]), key
+
+
+def test_images_are_stored_as_uint8_and_sampled_as_observation_to_batch_scales_them():
+    buffer = collect_images()
+    for images in (buffer.obs[OBS_IMAGE], buffer.next_obs[OBS_IMAGE]):
+        assert images.dtype == torch.uint8 and images.shape == (buffer.rows, 3, 3, 8, 8)
+        assert images.untyped_storage().nbytes() == images.numel()  # one byte per pixel
+    assert buffer.obs[OBS_STATE].dtype == buffer.next_obs[OBS_STATE].dtype == torch.float32
+
+    batch = buffer.sample(512, horizon=2)
+    images, states = batch[OBS_IMAGE], batch[OBS_STATE]  # (B, 3, 3, 8, 8), (B, 3, 3)
+    # Episode ends are sampled, and their next observation is the final one (`final_obs`), not the reset one.
+    assert batch[NEXT_DONE][:, -1].any() and torch.all(states[:, 1:, 2] == states[:, :-1, 2] + 1)
+    raw = np.stack([frame(*state) for state in states.reshape(-1, 3).int().tolist()])
+    want = observation_to_batch({OBS_IMAGE: raw})[OBS_IMAGE].reshape(images.shape)
+    assert images.dtype == torch.float32 and torch.equal(images, want)
+
+
+def test_uint8_images_round_trip_through_state_dict():
+    buffer = collect_images()
+    copy = ReplayBuffer(60, n_envs=3)
+    copy.load_state_dict(buffer.state_dict())
+    assert copy.obs[OBS_IMAGE].dtype == copy.next_obs[OBS_IMAGE].dtype == torch.uint8
+    assert_same_samples(copy, buffer)
+    other = ReplayBuffer(40, n_envs=2)  # another layout: copied, still uint8
+    other.load_state_dict(buffer.state_dict())
+    assert other.obs[OBS_IMAGE].dtype == other.next_obs[OBS_IMAGE].dtype == torch.uint8
+
+
+def test_buffer_saved_with_float32_images_loads_and_samples_the_same():
+    buffer = collect_images()
+    old = buffer.state_dict()
+    for part in ("obs", "next_obs"):  # the layout before images were kept as uint8: float32 k / 255
+        old[part][OBS_IMAGE] = old[part][OBS_IMAGE].float() / 255
+    copy = ReplayBuffer(60, n_envs=3)
+    copy.load_state_dict(old)
+    assert_same_samples(copy, buffer)
+
+    # The first uint8 image added turns the loaded float32 images into uint8, with the same samples.
+    obs, next_obs = {k: v[0] for k, v in buffer.obs.items()}, {k: v[0] for k, v in buffer.next_obs.items()}
+    for b in (buffer, copy):
+        b.add(obs, torch.zeros(3, 1), torch.zeros(3), next_obs, torch.zeros(3), torch.zeros(3))
+    assert copy.obs[OBS_IMAGE].dtype == copy.next_obs[OBS_IMAGE].dtype == torch.uint8
+    assert_same_samples(copy, buffer)
+
+
+def test_a_buffer_larger_than_memory_is_one_error_naming_its_size_and_the_setting():
+    buffer = ReplayBuffer(capacity=10**13, n_envs=1)
+    obs = {"observation.image": torch.zeros(1, 9, 84, 84, dtype=torch.uint8)}
+    with pytest.raises(
+        ConfigError, match=r"cannot allocate [\d.]+ GB .* 127 kB each .* training.buffer_capacity"
+    ):
+        buffer.add(obs, torch.zeros(1, 1), torch.zeros(1), obs, torch.zeros(1), torch.zeros(1))

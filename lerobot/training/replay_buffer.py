@@ -2,8 +2,8 @@
 
 Layout: a ring of `capacity // n_envs` rows; row r holds one vector step, i.e. one transition per env:
 
-    obs[key]       (rows, n_envs, *shape)  observation o_t                      (batch keys, float32)
-    next_obs[key]  (rows, n_envs, *shape)  the real next observation o_{t+1}
+    obs[key]       (rows, n_envs, *shape)  observation o_t                      (batch keys, float32;
+    next_obs[key]  (rows, n_envs, *shape)  the real next observation o_{t+1}     images uint8, see below)
     action         (rows, n_envs, A)
     reward         (rows, n_envs)
     terminated     (rows, n_envs)          episode ended by the task: do not bootstrap
@@ -11,6 +11,9 @@ Layout: a ring of `capacity // n_envs` rows; row r holds one vector step, i.e. o
     done           (rows, n_envs)          terminated or truncated
     valid          (rows, n_envs)          False for rows that are not transitions (NEXT_STEP autoreset)
     episode, step  (rows, n_envs)          per-env episode counter and index of the step in its episode
+
+Images (uint8 (B, H, W, C) from the env) are kept as uint8 (rows, n_envs, C, H, W), a quarter of float32's
+memory, and `sample` scales them to float32 in [0, 1] as `observation_to_batch` does.
 
 Gymnasium 1.x autoreset (`add_env_step` handles it; pick the mode the envs were built with):
 - `AutoresetMode.SAME_STEP` (what the online trainer uses): the step that ends an episode already returns
@@ -52,6 +55,8 @@ from lerobot.constants import (
     REPLAY_INDEX,
     SAMPLE_WEIGHT,
 )
+from lerobot.envs.observation import channels_first, image_to_float, is_image
+from lerobot.errors import ConfigError
 
 _MAX_REJECTION_ROUNDS = 64
 # Added to every written-back priority so that no start becomes impossible to draw (TD-MPC's value).
@@ -84,6 +89,29 @@ def final_observations(next_obs: Any, info: Mapping[str, Any]) -> Any:
 def _as_tensor(x: Any, dtype: torch.dtype | None = None) -> Tensor:
     t = x if isinstance(x, Tensor) else torch.as_tensor(np.asarray(x))
     return t.to("cpu", dtype=dtype) if dtype is not None else t.cpu()
+
+
+def _as_stored(x: Any) -> Tensor:
+    """An observation entry (B, ...) as the buffer keeps it: an image, uint8 (B, C, H, W), as it is (a quarter
+    of float32's memory; `gather` scales it), anything else as float32."""
+    t = _as_tensor(x)
+    return t if t.ndim == 4 and t.dtype == torch.uint8 else t.to(torch.float32)
+
+
+def _to_stored(obs: Any, to_batch: Callable[[Any], Mapping[str, Any]]) -> Mapping[str, Any]:
+    """`to_batch(obs)` for `add`, except that the images of a dict observation (`is_image`: (B, H, W, C) uint8)
+    skip it: they go to `add` as uint8 (B, C, H, W) views, which it keeps so."""
+    if not isinstance(obs, Mapping):
+        return to_batch(obs)
+    arrays = {k: np.asarray(v) for k, v in obs.items()}
+    images = {k: channels_first(v) for k, v in arrays.items() if is_image(v)}
+    return {**to_batch({k: v for k, v in arrays.items() if k not in images}), **images}
+
+
+def _unscale_(images: Tensor) -> Tensor:
+    """Images scaled to [0, 1] (k / 255, as `image_to_float` gives them) back to their uint8 k; scales
+    `images` in place, so that no second float copy is needed."""
+    return images.mul_(255.0).round_().to(torch.uint8)
 
 
 class ReplayBuffer:
@@ -130,9 +158,18 @@ class ReplayBuffer:
     # ----------------------------------------------------------------- writing
     def _allocate(self, obs: Mapping[str, Tensor], action: Tensor) -> None:
         shape = (self.rows, self.n_envs)
-        for key, value in obs.items():
-            self.obs[key] = torch.zeros(*shape, *value.shape[1:], dtype=torch.float32)
-            self.next_obs[key] = torch.zeros(*shape, *value.shape[1:], dtype=torch.float32)
+        try:
+            for key, value in obs.items():
+                self.obs[key] = torch.zeros(*shape, *value.shape[1:], dtype=value.dtype)
+                self.next_obs[key] = torch.zeros(*shape, *value.shape[1:], dtype=value.dtype)
+        except RuntimeError as e:  # torch's allocator: the observations alone do not fit in memory
+            self.obs, self.next_obs = {}, {}
+            per_transition = sum(2 * v[0].numel() * v.element_size() for v in obs.values())
+            raise ConfigError(
+                f"the replay buffer cannot allocate {self.rows * self.n_envs * per_transition / 1e9:.1f} GB for "
+                f"{self.rows * self.n_envs} transitions of {per_transition / 1e3:.0f} kB each ({e}); lower "
+                "training.buffer_capacity to what the run collects (training.steps) or what memory holds"
+            ) from None
         self.data = {
             "action": torch.zeros(*shape, *action.shape[1:], dtype=torch.float32),
             "reward": torch.zeros(shape, dtype=torch.float32),
@@ -157,11 +194,13 @@ class ReplayBuffer:
     ) -> None:
         """Write one vector step: every argument has a leading `n_envs` dimension.
 
-        `next_obs` must be the real next observation (the final observation where an episode ended);
-        `valid=False` marks envs whose row is not a transition.
+        `obs` and `next_obs` are {batch key: (n_envs, ...)}; an image given as uint8 (n_envs, C, H, W) is kept
+        so and sampled scaled to [0, 1], anything else is kept as float32. `next_obs` must be the real next
+        observation (the final observation where an episode ended); `valid=False` marks envs whose row is not
+        a transition.
         """
-        obs = {k: _as_tensor(v, torch.float32) for k, v in obs.items()}
-        next_obs = {k: _as_tensor(v, torch.float32) for k, v in next_obs.items()}
+        obs = {k: _as_stored(v) for k, v in obs.items()}
+        next_obs = {k: _as_stored(v) for k, v in next_obs.items()}
         action = _as_tensor(action, torch.float32)
         if action.ndim == 1:
             action = action.unsqueeze(-1)
@@ -173,6 +212,10 @@ class ReplayBuffer:
         done = terminated | truncated
         r = self.pos
         for k in self.obs:
+            if obs[k].dtype == torch.uint8 and self.obs[k].dtype == torch.float32:
+                # Loaded from a buffer saved when images were kept as float32 k / 255 (`load_state_dict` keeps
+                # them so): now that images come as uint8, their k, which samples the same numbers.
+                self.obs[k], self.next_obs[k] = _unscale_(self.obs[k]), _unscale_(self.next_obs[k])
             self.obs[k][r] = obs[k]
             self.next_obs[k][r] = next_obs[k]
         d = self.data
@@ -197,16 +240,16 @@ class ReplayBuffer:
         action: Any,
         step_result: tuple[Any, Any, Any, Any, Mapping[str, Any]],
         autoreset_mode: AutoresetMode,
-        to_batch=None,
+        to_batch: Callable[[Any], Mapping[str, Any]] | None = None,
     ) -> None:
         """Store what `env.step(action)` returned from `obs` (`step_result`: its `(next_obs, reward,
         terminated, truncated, info)`), handling the env's autoreset mode (see the module docstring).
 
         `obs`/`next_obs` are raw env observations; `to_batch` (e.g. `observation_to_batch`) turns them into
-        {batch key: tensor}. Without it they must already be such dicts.
+        {batch key: tensor}, except their images, which are stored as uint8 (`_to_stored`). Without it they must
+        already be such dicts.
         """
         next_obs, reward, terminated, truncated, info = step_result
-        to_batch = to_batch or (lambda o: o)
         terminated = np.asarray(terminated, dtype=bool)
         truncated = np.asarray(truncated, dtype=bool)
         valid = np.ones(self.n_envs, dtype=bool)
@@ -218,7 +261,9 @@ class ReplayBuffer:
             self._autoreset_pending = torch.from_numpy((terminated | truncated) & valid)
         elif autoreset_mode != AutoresetMode.DISABLED:
             raise ValueError(f"unknown autoreset mode {autoreset_mode!r}")
-        self.add(to_batch(obs), action, reward, to_batch(next_obs), terminated, truncated, valid)
+        if to_batch is not None:
+            obs, next_obs = _to_stored(obs, to_batch), _to_stored(next_obs, to_batch)
+        self.add(obs, action, reward, next_obs, terminated, truncated, valid)
 
     def extend_episodes(self, obs: Mapping[str, Any], action: Any, reward: Any, episode_index: Any) -> int:
         """Append whole recorded episodes (a 1-env buffer only), e.g. demonstrations; return transitions added.
@@ -355,7 +400,8 @@ class ReplayBuffer:
         for key in self.obs:
             seq = self.obs[key][idx, env_idx]  # (B, H, ...)
             last = self.next_obs[key][idx[:, -1], envs].unsqueeze(1)  # (B, 1, ...)
-            batch[key] = torch.cat([seq, last], dim=1)
+            obs = torch.cat([seq, last], dim=1)
+            batch[key] = image_to_float(obs) if obs.dtype == torch.uint8 else obs
         d = self.data
         batch[ACTION] = d["action"][idx, env_idx]
         batch[NEXT_REWARD] = d["reward"][idx, env_idx]
@@ -394,7 +440,12 @@ class ReplayBuffer:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore a `state_dict`: exactly into a buffer of the same shape (rows, n_envs), else (a branch
         with another `training.n_envs` or `buffer_capacity`) its transitions copied into this layout
-        (`_relayout`)."""
+        (`_relayout`).
+
+        Images saved before they were kept as uint8 (float32 k / 255) are restored as they are, and sample
+        as they did: the state does not tell them apart from other float32 entries (rows, n_envs, a, b, c).
+        The first uint8 image `add` writes to such a key turns it into uint8 k.
+        """
         if state["rows"] != self.rows or state["n_envs"] != self.n_envs:
             self._relayout(state)
             return
