@@ -15,13 +15,15 @@ from omegaconf import OmegaConf
 pytest.importorskip("dm_control", reason="dm_control is not installed: pip install 'lerobot[mujoco]'")
 
 from lerobot.cli import compose_config, train_main  # noqa: E402
+from lerobot.cli.compose import compose_train_config  # noqa: E402
 from lerobot.config import env_config  # noqa: E402
 from lerobot.envs import make_env, make_single_env  # noqa: E402
 from lerobot.envs.dmc import CONFIG_GYM_ID, DMCEnv  # noqa: E402
 from lerobot.errors import ConfigError  # noqa: E402
 from lerobot.policy_registry import make_policy_config  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
 from tiny import TINY_PLANNER, TINY_TDMPC  # noqa: E402
 
 # config name -> (suite domain, task, observation size, action size, control timestep in seconds)
@@ -326,3 +328,115 @@ def test_cpu_recipes_change_the_sizes_and_nothing_else(cpu, paper, task):
     # TD-MPC2's discount for the episode length: 0.99 for DMC's 500 agent steps, 0.95 for MetaWorld's 100.
     length = full["env"]["max_episode_steps"]
     assert small["policy"]["discount"] == min(max((length / 5 - 1) / (length / 5), 0.95), 0.995)
+
+
+def _pixel_env(**kwargs) -> DMCEnv:
+    """A small pixel env, or a skip where this machine has no headless OpenGL backend."""
+    env = DMCEnv("cartpole", "swingup", obs_type="pixels", **kwargs)
+    try:
+        env.reset(seed=0)
+    except Exception as e:  # no OpenGL backend: the envs still work from state
+        env.close()
+        pytest.skip(f"no headless OpenGL backend: {e}")
+    return env
+
+
+def test_pixel_observations_stack_the_latest_frames_oldest_first():
+    """From pixels the observation is the last 3 camera frames on the channels: a reset repeats its first frame,
+    and each step drops the oldest and appends the new one (what the policy sees of the velocity)."""
+    env = _pixel_env(image_size=24, frame_stack=3, action_repeat=4)
+    try:
+        assert env.observation_space.shape == (24, 24, 9) and env.observation_space.dtype == np.uint8
+        first, _ = env.reset(seed=3)
+        assert first.shape == (24, 24, 9) and first.dtype == np.uint8
+        assert (first[..., 0:3] == first[..., 3:6]).all() and (first[..., 3:6] == first[..., 6:9]).all()
+        frames = [first[..., 6:9]]
+        obs = first
+        for _ in range(3):
+            before = obs
+            obs, *_ = env.step(np.ones(1, dtype=np.float32))
+            np.testing.assert_array_equal(obs[..., 0:6], before[..., 3:9])
+            frames.append(obs[..., 6:9])
+        assert not (frames[-1] == frames[0]).all()  # the cart moved
+        np.testing.assert_array_equal(obs, np.concatenate(frames[-3:], axis=-1))
+        again, _ = env.reset(seed=3)
+        np.testing.assert_array_equal(again, first)  # a seed gives its frames again
+    finally:
+        env.close()
+    with pytest.raises(ConfigError, match="obs_type='rgb'"):
+        DMCEnv("cartpole", "swingup", obs_type="rgb")
+    with pytest.raises(ConfigError, match="frame_stack=0"):
+        DMCEnv("cartpole", "swingup", obs_type="pixels", frame_stack=0)
+
+
+@pytest.mark.parametrize(
+    "name,action_repeat,action_dim", [("dmc_cartpole_swingup_pixels", 8, 1), ("dmc_cup_catch_pixels", 4, 2)]
+)
+def test_pixel_configs_hold_drqs_protocol(name, action_repeat, action_dim):
+    """DrQ's (PlaNet's) per-task action repeat, 1,000 control steps per episode, 84x84 frames, 3 stacked."""
+    cfg = _env_cfg(name, "policy=sac")  # TD-MPC reads state alone
+    kwargs = cfg.gym_kwargs
+    assert (kwargs["action_repeat"], kwargs["obs_type"], kwargs["image_size"], kwargs["frame_stack"]) == (
+        action_repeat,
+        "pixels",
+        84,
+        3,
+    )
+    assert cfg.max_episode_steps * action_repeat == 1000
+    assert cfg.features["observation.image"].shape == [9, 84, 84]
+    assert cfg.features["action"].shape == [action_dim]
+
+
+def test_pixel_recipes_differ_in_the_batch_alone_and_the_cpu_one_is_chosen_on_a_cpu():
+    small = OmegaConf.to_container(compose_config(["+experiment=sac_dmc_pixels_cpu"]))
+    full = OmegaConf.to_container(compose_config(["+experiment=sac_dmc_pixels"]))
+    assert {k for k in full["policy"] if small["policy"][k] != full["policy"][k]} == {"batch_size"}
+    assert (small["policy"]["batch_size"], full["policy"]["batch_size"]) == (128, 512)
+    for section in ("env", "eval", "training"):
+        assert small[section] == full[section]
+    # DrQ's 100,000 simulator steps at cartpole's action repeat of 8.
+    assert full["training"]["steps"] * full["env"]["gym_kwargs"]["action_repeat"] == 100_000
+    auto = compose_train_config(
+        ["policy=sac", "env=dmc_cartpole_swingup_pixels", "device=cpu", "recipe=auto"]
+    )
+    assert auto.recipe_applied == "sac_dmc_pixels_cpu" and auto.policy.batch_size == 128
+
+
+def test_tiny_sac_run_from_pixels_through_the_training_command(tmp_path):
+    """The pixel recipe, shrunk (16x16 frames, a small encoder), trains SAC on cartpole-swingup's stacked frames
+    and evaluates by episode return; the replay buffer keeps the frames as uint8."""
+    _pixel_env(image_size=8).close()  # skips where nothing renders
+    text = (REPO / "configs" / "env" / "dmc_cartpole_swingup_pixels.yaml").read_text()
+    (tmp_path / "env").mkdir()
+    (tmp_path / "env" / "dmc_cartpole_swingup_pixels.yaml").write_text(
+        text.replace("image_size: 84", "image_size: 16").replace("[9, 84, 84]", "[9, 16, 16]")
+    )
+    run_dir = tmp_path / "run"
+    tiny = [
+        "--config-dir",
+        str(tmp_path),
+        "+experiment=sac_dmc_pixels_cpu",
+        "env.max_episode_steps=10",
+        "policy.hidden_dims=[16]",
+        "policy.image_encoder_layers=2",
+        "policy.image_encoder_channels=4",
+        "policy.image_shift_pad=2",
+        "training.batch_size=8",
+        "training.steps=30",
+        "training.learning_starts=20",
+        "training.buffer_capacity=40",
+        "training.log_freq=30",
+        "training.save_freq=30",
+        "eval.freq=30",
+        "eval.n_episodes=2",
+        "eval.batch_size=2",
+        f"output_dir={run_dir}",
+    ]
+    assert train_main(tiny) == 0
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    (train,) = [r for r in records if r["split"] == "train"]
+    (evaluation,) = [r for r in records if r["split"] == "eval"]
+    assert train["updates"] == 10 and np.isfinite(train["loss"])
+    # Ten agent steps of 8 control steps each, rewards in [0, 1] per control step.
+    assert train["episode_length"] == 10 and 0 <= train["episode_return"] <= 80
+    assert evaluation["step"] == 30 and 0 <= evaluation["avg_sum_reward"] <= 80

@@ -1,4 +1,4 @@
-"""DeepMind Control Suite tasks from state as gymnasium envs, with TD-MPC's protocol.
+"""DeepMind Control Suite tasks from state or pixels as gymnasium envs, with TD-MPC's (and DrQ's) protocol.
 
 `gymnasium.make("lerobot.envs.dmc:lerobot/DMC-v0", domain="cartpole", task="swingup", action_repeat=2)` builds
 one task (the `module:` prefix imports this module, which registers the id); `configs/env/dmc_<domain>_<task>.yaml`
@@ -9,6 +9,10 @@ where dm_control's own `suite.load` does not fit a gymnasium env:
   one float32 vector, the dict's entries flattened and concatenated in the order of the task's observation
   spec (`DMCEnv.observation_layout` names the slices), the state TD-MPC and TD-MPC2 feed their encoder.
   The space is unbounded, as the physics is.
+- From pixels (`obs_type="pixels"`, DrQ's and PlaNet's setting): the observation is the last `frame_stack`
+  frames of `camera_id` at `image_size` x `image_size`, stacked on the channels, (size, size, 3 x
+  frame_stack) uint8, oldest first; a reset fills the stack with its first frame. One frame alone shows no
+  velocity; three do.
 - Action repeat: one `step` applies the action for `action_repeat` control steps and returns the sum of
   their rewards (TD-MPC2: 2 for every DMC task); `metadata["render_fps"]` is 1 / (control timestep x repeat).
 - Episodes: every suite task used here runs 1,000 control steps, i.e. 500 agent steps at repeat 2, and then
@@ -31,6 +35,7 @@ without it; building an env without it raises `ConfigError` naming the install c
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 import gymnasium as gym
@@ -51,6 +56,7 @@ DOMAIN_ALIASES = {"cup": "ball_in_cup", "pointmass": "point_mass"}
 _DEFAULT_CAMERA = {"quadruped": 2}
 # reset() seeds numpy's legacy RandomState, which takes 32-bit seeds.
 _MAX_SEED = 2**32
+OBS_TYPES = ("state", "pixels")
 
 
 def _load_suite():
@@ -67,7 +73,7 @@ def _load_suite():
 
 
 class DMCEnv(gym.Env):
-    """One DeepMind Control Suite task from state: flat float32 observations, repeated actions.
+    """One DeepMind Control Suite task from state or pixels, with repeated actions.
 
     Args:
         domain: suite domain (`cartpole`, `walker`, `ball_in_cup` or its alias `cup`, ...).
@@ -75,10 +81,14 @@ class DMCEnv(gym.Env):
         action_repeat: control steps per `step` (>= 1); rewards are summed over them.
         render_mode: None or "rgb_array".
         render_size: height and width of rendered frames (evaluation videos), pixels.
-        camera_id: the camera `render` uses; None: the domain's usual tracking camera.
+        camera_id: the camera of `render` and of pixel observations; None: the domain's usual tracking camera.
+        obs_type: "state" (the flat state vector) or "pixels" (the stacked camera frames).
+        image_size: height and width of a pixel observation's frames (DrQ: 84).
+        frame_stack: how many of the latest frames a pixel observation holds (DrQ: 3).
 
-    Shapes: observation (obs_dim,) float32; action (action_dim,) within the task's action spec bounds
-    (float32); `render()` (render_size, render_size, 3) uint8.
+    Shapes: observation (obs_dim,) float32 from state, (image_size, image_size, 3 * frame_stack) uint8 from
+    pixels; action (action_dim,) within the task's action spec bounds (float32); `render()` (render_size,
+    render_size, 3) uint8.
     """
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 50}
@@ -91,6 +101,9 @@ class DMCEnv(gym.Env):
         render_mode: str | None = None,
         render_size: int = 256,
         camera_id: int | None = None,
+        obs_type: str = "state",
+        image_size: int = 84,
+        frame_stack: int = 3,
     ):
         suite = _load_suite()
         domain = DOMAIN_ALIASES.get(domain, domain)
@@ -107,6 +120,14 @@ class DMCEnv(gym.Env):
             )
         if render_size < 1:
             raise ConfigError(f"env.gym_kwargs.render_size={render_size} must be >= 1")
+        if obs_type not in OBS_TYPES:
+            raise ConfigError(f"env.gym_kwargs.obs_type={obs_type!r}: choose one of {', '.join(OBS_TYPES)}")
+        if image_size < 1 or frame_stack < 1:
+            raise ConfigError(
+                f"env.gym_kwargs.image_size={image_size} and frame_stack={frame_stack} must be >= 1"
+            )
+        self.obs_type, self.image_size, self.frame_stack = obs_type, image_size, frame_stack
+        self._frames: deque[np.ndarray] = deque(maxlen=frame_stack)
         self.domain, self.task, self.action_repeat = domain, task, action_repeat
         self.render_mode, self.render_size = render_mode, render_size
         self.camera_id = _DEFAULT_CAMERA.get(domain, 0) if camera_id is None else camera_id
@@ -122,7 +143,11 @@ class DMCEnv(gym.Env):
             size = int(np.prod(spec.shape))
             self.observation_layout.append((name, slice(start, start + size)))
             start += size
-        self.observation_space = spaces.Box(-np.inf, np.inf, shape=(start,), dtype=np.float32)
+        if obs_type == "pixels":
+            shape = (image_size, image_size, 3 * frame_stack)
+            self.observation_space = spaces.Box(0, 255, shape=shape, dtype=np.uint8)
+        else:
+            self.observation_space = spaces.Box(-np.inf, np.inf, shape=(start,), dtype=np.float32)
         action_spec = self.dm_env.action_spec()
         self.action_space = spaces.Box(
             action_spec.minimum.astype(np.float32), action_spec.maximum.astype(np.float32), dtype=np.float32
@@ -140,6 +165,24 @@ class DMCEnv(gym.Env):
             ]
         )
 
+    def _observe(self, observation: dict[str, Any], first: bool = False) -> np.ndarray:
+        """This step's observation: the flat state, or the frame stack with this step's frame added (on the
+        first step of an episode, `first`, filling the whole stack)."""
+        if self.obs_type == "state":
+            return self._flatten(observation)
+        frame = self._render(self.image_size)
+        for _ in range(self.frame_stack if first else 1):
+            self._frames.append(frame)
+        return np.concatenate(self._frames, axis=-1)
+
+    def _render(self, size: int) -> np.ndarray:
+        """The camera's current frame, (size, size, 3) uint8."""
+        check_gl()
+        try:
+            return self.dm_env.physics.render(size, size, camera_id=self.camera_id)
+        except Exception as e:  # MuJoCo's renders fail only where its OpenGL context cannot be made
+            raise gl_failure(e) from e
+
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
         """Start an episode; with `seed`, from the initial state that seed always gives."""
         super().reset(seed=seed)
@@ -149,7 +192,7 @@ class DMCEnv(gym.Env):
             self._task_random.seed(seed)
         timestep = self.dm_env.reset()
         self._needs_reset = False
-        return self._flatten(timestep.observation), {}
+        return self._observe(timestep.observation, first=True), {}
 
     def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict]:
         """Apply `action` (action_dim,) for `action_repeat` control steps; the reward is their sum."""
@@ -175,17 +218,13 @@ class DMCEnv(gym.Env):
             # dm_control ends an episode with discount 0 on a terminal state, 1 on its time limit.
             terminated = timestep.discount == 0
             truncated = not terminated
-        return self._flatten(timestep.observation), float(reward), terminated, truncated, {}
+        return self._observe(timestep.observation), float(reward), terminated, truncated, {}
 
     def render(self) -> np.ndarray | None:
         """The current frame (render_size, render_size, 3) uint8 in "rgb_array" mode, else None."""
         if self.render_mode != "rgb_array":
             return None
-        check_gl()
-        try:
-            return self.dm_env.physics.render(self.render_size, self.render_size, camera_id=self.camera_id)
-        except Exception as e:  # MuJoCo's renders fail only where its OpenGL context cannot be made
-            raise gl_failure(e) from e
+        return self._render(self.render_size)
 
     def close(self) -> None:
         """Free the physics and its rendering context."""
