@@ -4,6 +4,7 @@ resumable.
     python scripts/reproduce.py run --jobs 2                 # TD-MPC's queue, two runs at a time, one thread each
     python scripts/reproduce.py report                       # table and curves from whatever has been trained
     python scripts/reproduce.py run --policy sac --jobs 2    # SAC's queue: six DMC tasks
+    python scripts/reproduce.py run --policy sac_pixels      # SAC from pixels against DrQ: two DMC tasks
 
 Every run is `scripts/train.py` with a recipe writing to `--root/<size>/<run>` (`--root` defaults to
 `outputs/<policy>_reproduce`): for TD-MPC the CPU-sized `tdmpc_dmc_cpu` / `tdmpc_metaworld_cpu` by default,
@@ -18,7 +19,10 @@ nicklashansen/tdmpc2's `results/`:
   seeds); MetaWorld: the success in `results/tdmpc/mw-<task>.csv`, TD-MPC2's (`results/tdmpc2/mw-<task>.csv`)
   beside it;
 - SAC, DMC: the episode return in `results/sac/<task>.csv` (commits add30b5 and 88095e7; docs/sac.md lists
-  the seeds), TD-MPC2's published SAC baseline.
+  the seeds), TD-MPC2's published SAC baseline;
+- SAC from pixels (`sac_dmc_pixels_cpu` / `sac_dmc_pixels`), DMC: DrQ's return in denisyarats/drq's
+  `data/dmc_planet_bench.csv` (10 seeds). DrQ counts simulator steps, so its 100,000 are 100,000 / action
+  repeat agent steps (cartpole-swingup 12,500, cup-catch 25,000); curves are drawn against simulator steps.
 
 `--set KEY=VALUE ...` with `--tag NAME` trains the same runs with more overrides (e.g. `--set
 training.per_alpha=0.6 --tag per`: TD-MPC's prioritised replay) under `--root/<size>-<tag>/`, and `report`
@@ -59,6 +63,14 @@ class Task:
     spread: tuple[float, float]
     metric: str = RETURN
     beside: tuple[str, float] | None = None  # another method's figure at 100k, shown beside the published one
+    # The published curve's steps per agent step: 1 where it counts agent steps (TD-MPC2's CSVs), the action
+    # repeat where it counts simulator steps (DrQ's). The runs train 100k of the published steps.
+    step_scale: int = 1
+
+    @property
+    def agent_steps(self) -> int:
+        """The run's length in agent steps: the published budget of 100,000 steps in its own unit."""
+        return STEPS // self.step_scale
 
 
 @dataclass(frozen=True)
@@ -129,6 +141,37 @@ REPRODUCTIONS = {
             "cheetah_run": Task("dmc", _dmc("cheetah_run"), ((0, 0.1), (STEPS, 310.1)), (236.9, 362.4)),
         },
     ),
+    # DrQ's published curves (denisyarats/drq, data/dmc_planet_bench.csv at commit dd040f1, 10 seeds): the
+    # mean return per evaluation against simulator steps, up to its last evaluation before 100,000 (96,000:
+    # the paper's "100k step scores", 759 and 914), and the seeds' range there.
+    "sac_pixels": Reproduction(
+        title="SAC from pixels against DrQ",
+        recipes={("dmc", "cpu"): "sac_dmc_pixels_cpu", ("dmc", "paper"): "sac_dmc_pixels"},
+        tasks={
+            "cartpole_swingup": Task(
+                "dmc",
+                ("env=dmc_cartpole_swingup_pixels",),  # action repeat 8: the recipe's 12,500 agent steps
+                ((0, 17.8), (16000, 182.0), (32000, 274.4), (48000, 359.9), (64000, 450.4), (80000, 660.5))
+                + ((96000, 759.4),),
+                (572.0, 850.5),
+                step_scale=8,
+            ),
+            "cup_catch": Task(
+                "dmc",
+                (
+                    "env=dmc_cup_catch_pixels",
+                    "training.steps=25000",
+                    "eval.freq=2500",
+                    "training.save_freq=2500",
+                ),
+                ((0, 48.6), (8000, 78.4), (16000, 141.9), (24000, 204.7), (32000, 390.6), (40000, 528.0))
+                + ((48000, 655.7), (56000, 680.3), (64000, 789.3), (72000, 888.6), (80000, 876.3))
+                + ((88000, 875.5), (96000, 913.8)),
+                (780.0, 961.7),
+                step_scale=4,
+            ),
+        },
+    ),
 }
 
 
@@ -158,8 +201,8 @@ def _evals(run_dir: Path) -> list[dict]:
     return [{**evals[s], "train_hours": hours.get(s)} for s in sorted(evals)]
 
 
-def _finished(run_dir: Path) -> bool:
-    return any(r["step"] >= STEPS for r in _evals(run_dir))
+def _finished(run_dir: Path, task: Task) -> bool:
+    return any(r["step"] >= task.agent_steps for r in _evals(run_dir))
 
 
 def _command(args: argparse.Namespace, name: str, seed: int) -> list[str]:
@@ -178,7 +221,8 @@ def _command(args: argparse.Namespace, name: str, seed: int) -> list[str]:
 
 def run(args: argparse.Namespace) -> None:
     """Train (or resume) every run of the queue not yet at 100,000 steps, `--jobs` at a time."""
-    queue = [(n, s) for s in args.seeds for n in args.runs if not _finished(_run_dir(args, n, s))]
+    tasks = REPRODUCTIONS[args.policy].tasks
+    queue = [(n, s) for s in args.seeds for n in args.runs if not _finished(_run_dir(args, n, s), tasks[n])]
     print(f"{len(queue)} runs to train or resume, {args.jobs} at a time, one thread each", flush=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     running: list[tuple[str, subprocess.Popen]] = []
@@ -221,6 +265,7 @@ def _curves(args: argparse.Namespace) -> dict:
                     "suite": task.suite,
                     "metric": task.metric,
                     "published": task.published[-1][1],
+                    "step_scale": task.step_scale,
                     "curve": [
                         {"step": r["step"], "train_hours": r["train_hours"], task.metric: r[task.metric]}
                         for r in evals
@@ -256,7 +301,8 @@ def _plot(args: argparse.Namespace, runs: dict, against_hours: bool, path: Path)
                 run = runs.get(f"{name}_s{seed}")
                 curve = [c for c in run["curve"] if c["train_hours"] is not None] if run else []
                 if curve:
-                    x = [c["train_hours"] if against_hours else c["step"] / 1000 for c in curve]
+                    scale = reproduction.tasks[name].step_scale
+                    x = [c["train_hours"] if against_hours else c["step"] * scale / 1000 for c in curve]
                     ax.plot(x, [c[metric] for c in curve], marker="o", markersize=3, label=f"seed {seed}")
             if against_hours:
                 ax.axhline(points[-1][1], color="k", linestyle="--", linewidth=1, label="published at 100k")
@@ -266,7 +312,8 @@ def _plot(args: argparse.Namespace, runs: dict, against_hours: bool, path: Path)
                 ax.set_xlim(0, STEPS / 1000 * 1.02)
             ax.set_title(name, fontsize=9)
             ax.set_ylim(0, 1000 if suite == "dmc" else 100)
-            ax.set_xlabel("training hours" if against_hours else "agent steps (thousands)", fontsize=8)
+            unit = "agent steps" if reproduction.tasks[name].step_scale == 1 else "simulator steps"
+            ax.set_xlabel("training hours" if against_hours else f"{unit} (thousands)", fontsize=8)
             ax.grid(alpha=0.3)
         axes[row][0].set_ylabel("eval return" if suite == "dmc" else "eval success (%)", fontsize=8)
     axes[0][0].legend(fontsize=7)
@@ -308,10 +355,10 @@ def report(args: argparse.Namespace) -> None:
     print("|---|---|---|---|---|")
     for key, r in runs.items():
         curve, metric, name = r["curve"], r["metric"], key.rsplit("_s", 1)[0]
-        points = ", ".join(f"{c['step'] // 1000}k: {c[metric]:.0f}" for c in curve)
+        points = ", ".join(f"{c['step'] * r['step_scale'] / 1000:g}k: {c[metric]:.0f}" for c in curve)
         hours = curve[-1]["train_hours"]
-        final = [c[metric] for c in curve if c["step"] == STEPS]
         task = reproduction.tasks[name]
+        final = [c[metric] for c in curve if c["step"] == task.agent_steps]
         at_100k = verdict(final[0], r["published"], task.spread) if final else "running"
         hours_text = f"{hours:.2f}" if hours is not None else "?"
         beside = f" ({task.beside[0]}: {task.beside[1]:.1f})" if task.beside else ""

@@ -31,14 +31,18 @@ def _write_metrics(run_dir: Path, *rows: dict) -> None:
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-@pytest.mark.parametrize("policy", ["tdmpc", "sac"])
+@pytest.mark.parametrize("policy", ["tdmpc", "sac", "sac_pixels"])
 @pytest.mark.parametrize("size", ["cpu", "paper"])
 def test_every_queued_run_is_a_valid_config_of_its_recipe(tmp_path, size, policy):
     for name, task in reproduce.REPRODUCTIONS[policy].tasks.items():
         command = reproduce._command(_args(tmp_path, size, policy=policy), name, 1)
         cfg = compose_config(command[2:])  # past the interpreter and scripts/train.py
-        assert cfg.policy.name == policy and cfg.training.steps == reproduce.STEPS
-        assert cfg.env.name == ("metaworld" if task.suite == "metaworld" else name.join(["dmc_", ""]))
+        assert cfg.policy.name == policy.removesuffix("_pixels") and cfg.training.steps == task.agent_steps
+        env = "metaworld" if task.suite == "metaworld" else name.join(["dmc_", ""])
+        assert cfg.env.name == (f"{env}_pixels" if policy == "sac_pixels" else env)
+        # The runs train the published budget: DrQ's 100,000 simulator steps at the task's action repeat.
+        assert task.agent_steps * task.step_scale == reproduce.STEPS
+        assert task.step_scale == cfg.env.gym_kwargs.get("action_repeat", 1) ** (policy == "sac_pixels")
         assert cfg.output_dir == str(tmp_path / size / f"{name}_s1")
 
 
@@ -54,7 +58,7 @@ def test_report_keeps_the_last_of_a_repeated_evaluation_and_its_training_hours(t
     ]
     _write_metrics(run_dir, *rows)
     monkeypatch.setattr(reproduce, "RESULTS_DIR", tmp_path)
-    assert not reproduce._finished(run_dir)
+    assert not reproduce._finished(run_dir, reproduce.REPRODUCTIONS["tdmpc"].tasks["cartpole_swingup"])
     reproduce.report(_args(tmp_path))
     run = json.loads((tmp_path / "tdmpc_reproduce.json").read_text())["runs"]["cartpole_swingup_s1"]
     assert run["curve"] == [
@@ -143,3 +147,26 @@ def test_the_report_covers_every_run_under_the_root_not_only_the_last_queue(tmp_
     runs = json.loads((tmp_path / "sac_reproduce.json").read_text())["runs"]
     assert sorted(runs) == ["cartpole_swingup_s1", "cartpole_swingup_s3", "walker_walk_s2"]
     assert runs["cartpole_swingup_s3"]["curve"][-1]["avg_sum_reward"] == 820.0
+
+
+def test_drq_runs_report_against_simulator_steps(tmp_path, monkeypatch, capsys):
+    """DrQ counts simulator steps: cup-catch (action repeat 4) ends at 25,000 agent steps, its evaluations read
+    as 4x their agent step, and the figure there is compared with DrQ's at 100k."""
+    run_dir = tmp_path / "cpu" / "cup_catch_s1"
+    run_dir.mkdir(parents=True)
+    _write_metrics(
+        run_dir,
+        {"split": "train", "step": 12_500, "train_time_s": 3600.0},
+        {"split": "eval", "step": 12_500, "avg_sum_reward": 600.0},
+        {"split": "train", "step": 25_000, "train_time_s": 7200.0},
+        {"split": "eval", "step": 25_000, "avg_sum_reward": 900.0},
+    )
+    monkeypatch.setattr(reproduce, "RESULTS_DIR", tmp_path)
+    task = reproduce.REPRODUCTIONS["sac_pixels"].tasks["cup_catch"]
+    assert reproduce._finished(run_dir, task) and task.agent_steps == 25_000
+    reproduce.report(_args(tmp_path, policy="sac_pixels"))
+    # DrQ at 96k: 913.8 over 10 seeds in [780.0, 961.7]; 900 is inside.
+    assert (
+        "| cup_catch_s1 | 913.8 | 50k: 600, 100k: 900 | 2.00 | 900.0 (0.98x): match |"
+        in capsys.readouterr().out
+    )
