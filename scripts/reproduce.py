@@ -347,6 +347,7 @@ def report(args: argparse.Namespace) -> None:
         "recipes": {f"{k[0]}": v for k, v in reproduction.recipes.items() if k[1] == args.size},
         "overrides": args.set,
         "runs": runs,
+        "seed_means": {n: {"seeds": f, "mean": m} for n, (f, m) in _seed_means(reproduction, runs).items()},
     }
     results_file.write_text(json.dumps(out, indent=1))
     print(
@@ -364,7 +365,29 @@ def report(args: argparse.Namespace) -> None:
         beside = f" ({task.beside[0]}: {task.beside[1]:.1f})" if task.beside else ""
         published = f"{r['published']:.1f}{beside}"
         print(f"| {key} | {published} | {points} | {hours_text} | {at_100k} |")
+    if means := _seed_means(reproduction, runs):
+        print("\n| task | published at 100k | seeds at 100k | mean over seeds |")
+        print("|---|---|---|---|")
+        for name, (finals, mean) in means.items():
+            task = reproduction.tasks[name]
+            figures = ", ".join(f"{f:.1f}" for f in finals)
+            print(
+                f"| {name} | {task.published[-1][1]:.1f} | {figures} | {verdict(mean, task.published[-1][1], None)} |"
+            )
     print(f"wrote {results_file}, {plot_file} and {hours_plot_file}")
+
+
+def _seed_means(reproduction: Reproduction, runs: dict) -> dict[str, tuple[list[float], float]]:
+    """Tasks with two or more seeds at the end of their budget: {task: (each seed's figure, their mean)}, the
+    mean being what a published mean over seeds compares with (within 10% of it)."""
+    finals: dict[str, list[float]] = {}
+    for key, r in runs.items():
+        name = key.rsplit("_s", 1)[0]
+        task = reproduction.tasks[name]
+        finals.setdefault(name, []).extend(
+            c[r["metric"]] for c in r["curve"] if c["step"] == task.agent_steps
+        )
+    return {n: (f, sum(f) / len(f)) for n, f in finals.items() if len(f) >= 2}
 
 
 def main() -> None:

@@ -127,7 +127,7 @@ def test_sac_reports_against_its_own_published_figures(tmp_path, monkeypatch, ca
     assert (tmp_path / "sac_reproduce_hours.png").stat().st_size > 0
 
 
-def test_the_report_covers_every_run_under_the_root_not_only_the_last_queue(tmp_path, monkeypatch):
+def test_the_report_covers_every_run_under_the_root_not_only_the_last_queue(tmp_path, monkeypatch, capsys):
     for key, figure in (
         ("cartpole_swingup_s1", 837.0),
         ("cartpole_swingup_s3", 820.0),
@@ -144,9 +144,13 @@ def test_the_report_covers_every_run_under_the_root_not_only_the_last_queue(tmp_
     args = _args(tmp_path, size="paper", policy="sac")
     args.seeds, args.runs = [3], ["cartpole_swingup"]  # the queue `run` was last given
     reproduce.report(args)
-    runs = json.loads((tmp_path / "sac_reproduce.json").read_text())["runs"]
+    out = json.loads((tmp_path / "sac_reproduce.json").read_text())
+    runs = out["runs"]
     assert sorted(runs) == ["cartpole_swingup_s1", "cartpole_swingup_s3", "walker_walk_s2"]
     assert runs["cartpole_swingup_s3"]["curve"][-1]["avg_sum_reward"] == 820.0
+    # A task with two or more seeds at 100k: their mean, what the published mean of 3 seeds compares with.
+    assert out["seed_means"] == {"cartpole_swingup": {"seeds": [837.0, 820.0], "mean": 828.5}}
+    assert "| cartpole_swingup | 835.0 | 837.0, 820.0 | 828.5 (0.99x): match |" in capsys.readouterr().out
 
 
 def test_drq_runs_report_against_simulator_steps(tmp_path, monkeypatch, capsys):
