@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -425,3 +428,19 @@ def test_a_buffer_larger_than_memory_is_one_error_naming_its_size_and_the_settin
         ConfigError, match=r"cannot allocate [\d.]+ GB .* 127 kB each .* training.buffer_capacity"
     ):
         buffer.add(obs, torch.zeros(1, 1), torch.zeros(1), obs, torch.zeros(1), torch.zeros(1))
+
+
+def test_observation_memory_is_committed_as_the_buffer_fills():
+    """A buffer of 100,000 pixel transitions (12.7 GB of uint8 frames) holding 10 costs what 10 cost: its
+    storage is not written until rows are (measured in a fresh process, whose peak memory is its own)."""
+    code = (
+        "import resource, torch\n"
+        "from lerobot.training.replay_buffer import ReplayBuffer\n"
+        "buffer = ReplayBuffer(100_000, 1)\n"
+        "obs = {'observation.image': torch.zeros(1, 9, 84, 84, dtype=torch.uint8)}\n"
+        "for _ in range(10):\n"
+        "    buffer.add(obs, torch.zeros(1, 1), torch.zeros(1), obs, torch.zeros(1), torch.zeros(1))\n"
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert int(result.stdout.split()[-1]) * 1024 < 3e9  # kB; the whole buffer would be 12.7e9 bytes
