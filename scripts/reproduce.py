@@ -350,8 +350,10 @@ def report(args: argparse.Namespace) -> None:
         "seed_means": {n: {"seeds": f, "mean": m} for n, (f, m) in _seed_means(reproduction, runs).items()},
     }
     results_file.write_text(json.dumps(out, indent=1))
+    simulator = any(t.step_scale > 1 for t in reproduction.tasks.values())
+    unit = "simulator steps" if simulator else "agent steps"
     print(
-        "| run | published at 100k | evaluations (thousands of agent steps: figure) | training hours | at 100k |"
+        f"| run | published at 100k | evaluations (thousands of {unit}: figure) | training hours | at 100k |"
     )
     print("|---|---|---|---|---|")
     for key, r in runs.items():
