@@ -248,9 +248,8 @@ def run(args: argparse.Namespace) -> None:
 def _seeds_on_disk(args: argparse.Namespace, name: str) -> list[int]:
     """The seeds of the task's run directories under the root, whichever `run` made them."""
     found = _run_dir(args, name, 0).parent.glob(f"{name}_s*")
-    return sorted(
-        int(d.name.rsplit("_s", 1)[1]) for d in found if d.is_dir() and d.name.rsplit("_s", 1)[1].isdigit()
-    )
+    suffixes = (d.name.removeprefix(f"{name}_s") for d in found if d.is_dir())
+    return sorted(int(seed) for seed in suffixes if seed.isdigit())
 
 
 def _curves(args: argparse.Namespace) -> dict:
@@ -262,6 +261,8 @@ def _curves(args: argparse.Namespace) -> dict:
             evals = _evals(_run_dir(args, name, seed))
             if evals:
                 runs[f"{name}_s{seed}"] = {
+                    "task": name,
+                    "seed": seed,
                     "suite": task.suite,
                     "metric": task.metric,
                     "published": task.published[-1][1],
@@ -297,13 +298,16 @@ def _plot(args: argparse.Namespace, runs: dict, against_hours: bool, path: Path)
             axes[row][col].axis("off")
         for ax, name in zip(axes[row], names):
             points, metric = reproduction.tasks[name].published, reproduction.tasks[name].metric
-            for seed in _seeds_on_disk(args, name):
-                run = runs.get(f"{name}_s{seed}")
-                curve = [c for c in run["curve"] if c["train_hours"] is not None] if run else []
+            for run in (r for r in runs.values() if r["task"] == name):
+                curve = [c for c in run["curve"] if c["train_hours"] is not None]
                 if curve:
-                    scale = reproduction.tasks[name].step_scale
-                    x = [c["train_hours"] if against_hours else c["step"] * scale / 1000 for c in curve]
-                    ax.plot(x, [c[metric] for c in curve], marker="o", markersize=3, label=f"seed {seed}")
+                    x = [
+                        c["train_hours"] if against_hours else c["step"] * run["step_scale"] / 1000
+                        for c in curve
+                    ]
+                    ax.plot(
+                        x, [c[metric] for c in curve], marker="o", markersize=3, label=f"seed {run['seed']}"
+                    )
             if against_hours:
                 ax.axhline(points[-1][1], color="k", linestyle="--", linewidth=1, label="published at 100k")
                 ax.set_xlim(left=0)
@@ -357,7 +361,7 @@ def report(args: argparse.Namespace) -> None:
     )
     print("|---|---|---|---|---|")
     for key, r in runs.items():
-        curve, metric, name = r["curve"], r["metric"], key.rsplit("_s", 1)[0]
+        curve, metric, name = r["curve"], r["metric"], r["task"]
         points = ", ".join(f"{c['step'] * r['step_scale'] / 1000:g}k: {c[metric]:.0f}" for c in curve)
         hours = curve[-1]["train_hours"]
         task = reproduction.tasks[name]
@@ -383,10 +387,9 @@ def _seed_means(reproduction: Reproduction, runs: dict) -> dict[str, tuple[list[
     """Tasks with two or more seeds at the end of their budget: {task: (each seed's figure, their mean)}, the
     mean being what a published mean over seeds compares with (within 10% of it)."""
     finals: dict[str, list[float]] = {}
-    for key, r in runs.items():
-        name = key.rsplit("_s", 1)[0]
-        task = reproduction.tasks[name]
-        finals.setdefault(name, []).extend(
+    for r in runs.values():
+        task = reproduction.tasks[r["task"]]
+        finals.setdefault(r["task"], []).extend(
             c[r["metric"]] for c in r["curve"] if c["step"] == task.agent_steps
         )
     return {n: (f, sum(f) / len(f)) for n, f in finals.items() if len(f) >= 2}

@@ -28,6 +28,7 @@ def _args(
 
 def _write_metrics(run_dir: Path, *rows: dict) -> None:
     """A run's metrics log (`metrics.jsonl`), one record per line, as the trainer writes it."""
+    run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
@@ -48,7 +49,6 @@ def test_every_queued_run_is_a_valid_config_of_its_recipe(tmp_path, size, policy
 
 def test_report_keeps_the_last_of_a_repeated_evaluation_and_its_training_hours(tmp_path, monkeypatch, capsys):
     run_dir = tmp_path / "cpu" / "cartpole_swingup_s1"
-    run_dir.mkdir(parents=True)
     rows = [
         {"split": "train", "step": 10_000, "train_time_s": 360.0},
         {"split": "eval", "step": 10_000, "avg_sum_reward": 300.0},
@@ -86,7 +86,6 @@ def test_a_variant_trains_with_its_overrides_in_its_own_directory_and_report_fil
     assert cfg.output_dir == str(tmp_path / "cpu-per" / "mw_push_s1")
 
     run_dir = tmp_path / "cpu-per" / "mw_push_s1"
-    run_dir.mkdir(parents=True)
     _write_metrics(
         run_dir,
         {"split": "train", "step": 100_000, "train_time_s": 3600.0},
@@ -108,7 +107,6 @@ def test_a_variant_trains_with_its_overrides_in_its_own_directory_and_report_fil
 
 def test_sac_reports_against_its_own_published_figures(tmp_path, monkeypatch, capsys):
     run_dir = tmp_path / "paper" / "cheetah_run_s2"
-    run_dir.mkdir(parents=True)
     _write_metrics(
         run_dir,
         {"split": "train", "step": 100_000, "train_time_s": 1800.0},
@@ -133,7 +131,6 @@ def test_the_report_covers_every_run_under_the_root_not_only_the_last_queue(tmp_
         ("cartpole_swingup_s3", 820.0),
         ("walker_walk_s2", 700.0),
     ):
-        (tmp_path / "paper" / key).mkdir(parents=True)
         _write_metrics(
             tmp_path / "paper" / key,
             {"split": "train", "step": 100_000, "train_time_s": 1500.0},
@@ -157,7 +154,6 @@ def test_drq_runs_report_against_simulator_steps(tmp_path, monkeypatch, capsys):
     """DrQ counts simulator steps: cup-catch (action repeat 4) ends at 25,000 agent steps, its evaluations read
     as 4x their agent step, and the figure there is compared with DrQ's at 100k."""
     run_dir = tmp_path / "cpu" / "cup_catch_s1"
-    run_dir.mkdir(parents=True)
     _write_metrics(
         run_dir,
         {"split": "train", "step": 12_500, "train_time_s": 3600.0},
